@@ -1,0 +1,98 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Holder is one owner's hold on a lock, as seen in Redis.
+type Holder struct {
+	Owner Owner
+	// Count is the owner's reentry count.
+	Count int64
+}
+
+// LockInfo is a snapshot of one lock in Redis.
+type LockInfo struct {
+	Name string
+	// Holders is empty when the lock is free. Redisson's layout allows more
+	// than one field, but the scripts never create a second.
+	Holders []Holder
+	// TTL is the remaining lease: 0 when the lock is free, -1 when it has no
+	// expiry.
+	TTL time.Duration
+	// Token is the fencing token of the latest ownership, 0 if none yet.
+	Token int64
+	// Waiters are the live entries of the wait queue, head first.
+	Waiters []Owner
+}
+
+// Held reports whether anybody holds the lock.
+func (i LockInfo) Held() bool { return len(i.Holders) > 0 }
+
+// Inspect returns a consistent snapshot of the lock, in one round trip.
+func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
+	if err := validateName(name); err != nil {
+		return LockInfo{}, err
+	}
+	if err := c.checkOpen(); err != nil {
+		return LockInfo{}, err
+	}
+	k := keysFor(name)
+	reply, err := inspectScript.Run(ctx, c.rdb, []string{k.name, k.token, k.queue, k.queueExpiry}).Slice()
+	if err != nil {
+		return LockInfo{}, unavailable(err)
+	}
+	if len(reply) != 4 {
+		return LockInfo{}, errScriptReply
+	}
+	info := LockInfo{Name: name}
+	pttl, _ := reply[0].(int64)
+	switch {
+	case pttl == -2:
+		info.TTL = 0
+	case pttl < 0:
+		info.TTL = -1
+	default:
+		info.TTL = time.Duration(pttl) * time.Millisecond
+	}
+	info.Token, _ = reply[1].(int64)
+	fields, _ := reply[2].([]any)
+	for i := 0; i+1 < len(fields); i += 2 {
+		owner, _ := fields[i].(string)
+		countText, _ := fields[i+1].(string)
+		var count int64
+		_, _ = fmt.Sscan(countText, &count)
+		info.Holders = append(info.Holders, Holder{Owner: Owner(owner), Count: count})
+	}
+	waiters, _ := reply[3].([]any)
+	for _, w := range waiters {
+		id, _ := w.(string)
+		info.Waiters = append(info.Waiters, Owner(id))
+	}
+	return info, nil
+}
+
+// ForceRelease removes every hold and wait-queue entry of the lock whose
+// owner ID is "<clientID>:<anything>", whatever its reentry count. If that
+// frees the lock, waiters are woken. It returns how many holders it removed.
+// The controller calls it with a pod UID when the pod terminates.
+func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, error) {
+	if err := validateName(name); err != nil {
+		return 0, err
+	}
+	if clientID == "" || strings.ContainsAny(clientID, " \t\r\n") {
+		return 0, fmt.Errorf("%w: client ID %q is empty or contains whitespace", ErrInvalidOwner, clientID)
+	}
+	if err := c.checkOpen(); err != nil {
+		return 0, err
+	}
+	k := keysFor(name)
+	n, err := forceReleaseScript.Run(ctx, c.rdb, []string{k.name, k.channel, k.queue, k.queueExpiry}, clientID+":").Int()
+	if err != nil {
+		return 0, unavailable(err)
+	}
+	return n, nil
+}

@@ -1,0 +1,238 @@
+package redislock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
+)
+
+// Options configure a Client. The zero value is ready to use; every field
+// documents its default.
+type Options struct {
+	// ID identifies the client in owner IDs, "<ID>:<n>". Default: a random
+	// UUID. In a pod, use the pod UID so the controller can map holders to
+	// pods (FromEnv does this).
+	ID string
+
+	// WatchdogLease is the lease of locks taken without an explicit lease.
+	// The watchdog renews it until Unlock. Default: 30s, as in Redisson.
+	WatchdogLease time.Duration
+	// RenewInterval is how often the watchdog renews. Default: WatchdogLease/3.
+	RenewInterval time.Duration
+	// RenewBatchSize is how many renewals go to Redis in one pipelined round
+	// trip. Default: 100.
+	RenewBatchSize int
+	// SafetyMargin is subtracted from a lease when computing the local
+	// deadline after which a holder can no longer vouch for its ownership:
+	// the send time of the last successful acquire or renewal, plus the
+	// lease, minus this margin. It covers clock drift between the client and
+	// Redis. Default: a tenth of the lease.
+	SafetyMargin time.Duration
+
+	// RetryFallback bounds how long a waiter sleeps when it hears nothing,
+	// in case a release message was missed. A waiter retries after
+	// min(the lock's remaining lease, RetryFallback ± 20%). Default: 1s.
+	RetryFallback time.Duration
+	// QueueTTL is how long a waiter's place in the wait queue lasts without
+	// being refreshed; every retry refreshes it. It bounds how long a crashed
+	// waiter can hold up a free lock. Default: 5 × RetryFallback.
+	QueueTTL time.Duration
+
+	// WaitReplicas, when above 0, makes Lock wait (Redis WAIT) until that
+	// many replicas acknowledged the acquisition before reporting success,
+	// like Redisson's synced-replica check. If fewer acknowledge within
+	// WaitReplicasTimeout, the lock is released again and Lock fails with
+	// ErrUnavailable. Default: 0, no wait.
+	WaitReplicas int
+	// WaitReplicasTimeout bounds the WAIT. Default: 1s.
+	WaitReplicasTimeout time.Duration
+
+	// Metrics, if set, records lock metrics. See NewMetrics.
+	Metrics *Metrics
+	// Logger receives renewal failures and lost leases. Default: discard.
+	Logger logr.Logger
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.ID == "" {
+		o.ID = newUUID()
+	}
+	if strings.ContainsAny(o.ID, " \t\r\n") {
+		return o, fmt.Errorf("redislock: Options.ID %q must not contain whitespace", o.ID)
+	}
+	if o.WatchdogLease == 0 {
+		o.WatchdogLease = 30 * time.Second
+	}
+	if o.RenewInterval == 0 {
+		o.RenewInterval = o.WatchdogLease / 3
+	}
+	if o.RenewBatchSize == 0 {
+		o.RenewBatchSize = 100
+	}
+	if o.RetryFallback == 0 {
+		o.RetryFallback = time.Second
+	}
+	if o.QueueTTL == 0 {
+		o.QueueTTL = 5 * o.RetryFallback
+	}
+	if o.WaitReplicasTimeout == 0 {
+		o.WaitReplicasTimeout = time.Second
+	}
+	switch {
+	case o.WatchdogLease < time.Millisecond:
+		return o, fmt.Errorf("redislock: Options.WatchdogLease %v is under 1ms", o.WatchdogLease)
+	case o.RenewInterval <= 0 || o.RenewInterval >= o.WatchdogLease:
+		return o, fmt.Errorf("redislock: Options.RenewInterval %v must be above 0 and below WatchdogLease %v", o.RenewInterval, o.WatchdogLease)
+	case o.SafetyMargin < 0 || o.SafetyMargin >= o.WatchdogLease:
+		return o, fmt.Errorf("redislock: Options.SafetyMargin %v must be at least 0 and below WatchdogLease %v", o.SafetyMargin, o.WatchdogLease)
+	case o.RenewBatchSize < 0, o.RetryFallback < 0, o.QueueTTL < 0, o.WaitReplicas < 0, o.WaitReplicasTimeout < 0:
+		return o, errors.New("redislock: Options fields must not be negative")
+	}
+	if o.Logger.GetSink() == nil {
+		o.Logger = logr.Discard()
+	}
+	return o, nil
+}
+
+// margin is the safety margin for a lease of the given length.
+func (o *Options) margin(lease time.Duration) time.Duration {
+	if o.SafetyMargin > 0 && o.SafetyMargin < lease {
+		return o.SafetyMargin
+	}
+	return lease / 10
+}
+
+// Client takes and holds locks on one Redis deployment. It runs one renewal
+// loop for all the locks it holds and one pub/sub subscription for all its
+// waiters. A Client is safe for concurrent use; Close it when done.
+type Client struct {
+	rdb  redis.UniversalClient
+	opts Options
+
+	ownerSeq atomic.Uint64
+	closed   atomic.Bool
+	done     chan struct{} // closed by Close
+	loops    sync.WaitGroup
+
+	mu    sync.Mutex
+	held  map[holdKey]*Lease // every lease this client holds
+	waits *waiting
+
+	// renewing is held by the renewal loop while a batch is in flight, so a
+	// final Unlock can wait for it and no renewal follows a release.
+	renewing sync.RWMutex
+}
+
+// New returns a Client on rdb, which may be a standalone, Sentinel (failover)
+// or Cluster client. The Client does not own rdb: Close does not close it.
+func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
+	if rdb == nil {
+		return nil, errors.New("redislock: New needs a redis client")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		rdb:  rdb,
+		opts: opts,
+		done: make(chan struct{}),
+		held: make(map[holdKey]*Lease),
+	}
+	c.waits = newWaiting(c)
+	c.loops.Add(1)
+	go c.renewLoop()
+	return c, nil
+}
+
+// ID returns the client's ID, the first part of the owner IDs it creates.
+func (c *Client) ID() string { return c.opts.ID }
+
+// Close stops the renewal loop and the subscription, and waits for them to
+// exit. Locks still held are not released: their leases run out, and their
+// contexts are cancelled with ErrClosed. Waiters return ErrClosed. Calls on a
+// closed client return ErrClosed.
+func (c *Client) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(c.done)
+	c.waits.close()
+	c.loops.Wait()
+
+	c.mu.Lock()
+	leases := make([]*Lease, 0, len(c.held))
+	for _, l := range c.held {
+		leases = append(leases, l)
+	}
+	c.mu.Unlock()
+	for _, l := range leases {
+		c.lost(l, ErrClosed)
+	}
+	return nil
+}
+
+func (c *Client) checkOpen() error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// Owner identifies who holds a lock: an owner ID "<id>:<n>". Locking twice
+// with the same owner re-enters the lock; each Lock needs its Unlock.
+type Owner string
+
+// NewOwner returns an owner ID unique to this client: "<client ID>:<n>".
+func (c *Client) NewOwner() Owner {
+	return Owner(fmt.Sprintf("%s:%d", c.opts.ID, c.ownerSeq.Add(1)))
+}
+
+// Validate reports whether o has the form "<id>:<n>" with no whitespace.
+func (o Owner) Validate() error {
+	s := string(o)
+	i := strings.LastIndexByte(s, ':')
+	if i <= 0 || i == len(s)-1 || strings.ContainsAny(s, " \t\r\n") {
+		return fmt.Errorf("%w: %q is not of the form <id>:<n>", ErrInvalidOwner, s)
+	}
+	return nil
+}
+
+// clientID is the part of the owner ID before the last colon.
+func (o Owner) clientID() string {
+	s := string(o)
+	return s[:strings.LastIndexByte(s, ':')]
+}
+
+type ownerKey struct{}
+
+// WithOwner returns a context that carries owner. Mutex calls made with it
+// act for that owner, so code that passes the context along can re-enter a
+// lock it already holds, on any goroutine.
+func WithOwner(ctx context.Context, owner Owner) context.Context {
+	return context.WithValue(ctx, ownerKey{}, owner)
+}
+
+// OwnerFromContext returns the owner carried by ctx, if any.
+func OwnerFromContext(ctx context.Context) (Owner, bool) {
+	o, ok := ctx.Value(ownerKey{}).(Owner)
+	return o, ok
+}
+
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}

@@ -1,0 +1,60 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	// ErrNotHeld is returned by Unlock when nobody holds the lock: it was
+	// never taken, already released, or its lease expired.
+	ErrNotHeld = errors.New("redislock: lock not held")
+	// ErrNotOwner is returned by Unlock when another owner holds the lock.
+	// Nothing is changed. It is also the cause of a lost lease when a
+	// renewal finds that the owner no longer holds the lock.
+	ErrNotOwner = errors.New("redislock: lock held by another owner")
+	// ErrWaitTimeout is returned by TryLock when the wait bound passes
+	// before the lock could be taken.
+	ErrWaitTimeout = errors.New("redislock: timed out waiting for the lock")
+	// ErrUnavailable wraps errors talking to Redis: a refused or broken
+	// connection, a timeout, a server error. errors.Is works on both it and
+	// the underlying error.
+	ErrUnavailable = errors.New("redislock: redis unavailable")
+	// ErrLeaseLost is the cause of a lease's context when the local deadline
+	// passed: no renewal succeeded in time, so the lease may have expired on
+	// the server.
+	ErrLeaseLost = errors.New("redislock: lease lost: no renewal succeeded before the local deadline")
+	// ErrInvalidName is returned, before any call to Redis, for a lock name
+	// that is empty, longer than MaxNameLength or otherwise unusable.
+	ErrInvalidName = errors.New("redislock: invalid lock name")
+	// ErrInvalidOwner is returned, before any call to Redis, for an owner ID
+	// that is not of the form "<id>:<n>".
+	ErrInvalidOwner = errors.New("redislock: invalid owner ID")
+	// ErrClosed is returned by every call on a closed Client.
+	ErrClosed = errors.New("redislock: client closed")
+)
+
+// unavailable classifies an error from go-redis. Context errors pass through
+// unchanged so callers can tell their own cancellation from a Redis outage.
+func unavailable(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		var netErr net.Error
+		if errors.As(err, &netErr) && netErr.Timeout() {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return err
+	case errors.Is(err, redis.ErrClosed):
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// ErrReleased is the cause of a lease's context after its final Unlock.
+var ErrReleased = errors.New("redislock: lock released")

@@ -1,0 +1,110 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// TestMain fails the package if any goroutine outlives the tests.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// backend gives a test fresh go-redis clients on one Redis deployment.
+type backend struct {
+	name     string
+	newRedis func(t testing.TB) redis.UniversalClient
+}
+
+func standalone(t testing.TB) (backend, *redistest.Server) {
+	srv := redistest.Start(t)
+	return backend{"standalone", func(t testing.TB) redis.UniversalClient { return srv.Client(t) }}, srv
+}
+
+func cluster(t testing.TB) backend {
+	c := redistest.StartCluster(t, 3, 0)
+	return backend{"cluster", func(t testing.TB) redis.UniversalClient { return c.Client(t) }}
+}
+
+// newClient returns a Client closed at cleanup.
+func newClient(t testing.TB, rdb redis.UniversalClient, opts redislock.Options) *redislock.Client {
+	t.Helper()
+	c, err := redislock.New(rdb, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func newMutex(t testing.TB, c *redislock.Client, name string, opts *redislock.MutexOptions) *redislock.Mutex {
+	t.Helper()
+	m, err := c.NewMutex(name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// lockName is a lock name unique to the test.
+func lockName(t testing.TB) string {
+	return "test:" + strings.NewReplacer(" ", "_", "{", "(", "}", ")").Replace(t.Name())
+}
+
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustLock(t testing.TB, ctx context.Context, m *redislock.Mutex) *redislock.Lease {
+	t.Helper()
+	l, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatalf("Lock %s: %v", m.Name(), err)
+	}
+	return l
+}
+
+func mustUnlock(t testing.TB, ctx context.Context, m *redislock.Mutex) {
+	t.Helper()
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock %s: %v", m.Name(), err)
+	}
+}
+
+func inspect(t testing.TB, c *redislock.Client, name string) redislock.LockInfo {
+	t.Helper()
+	info, err := c.Inspect(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func wantErr(t testing.TB, got, want error) {
+	t.Helper()
+	if !errors.Is(got, want) {
+		t.Fatalf("got error %v, want %v", got, want)
+	}
+}
+
+// waitDone fails the test unless ch closes within d. d only bounds a test
+// that would otherwise hang; it is not a performance assertion.
+func waitDone(t testing.TB, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("%s did not happen within %v", what, d)
+	}
+}

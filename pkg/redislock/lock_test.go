@@ -1,0 +1,390 @@
+package redislock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+func TestStandalone(t *testing.T) {
+	b, _ := standalone(t)
+	runCoreSuite(t, b)
+}
+
+func TestCluster(t *testing.T) {
+	runCoreSuite(t, cluster(t))
+}
+
+// runCoreSuite is the behaviour every topology must show.
+func runCoreSuite(t *testing.T, b backend) {
+	t.Run("Reentry", func(t *testing.T) { testReentry(t, b) })
+	t.Run("OwnerInContext", func(t *testing.T) { testOwnerInContext(t, b) })
+	t.Run("UnlockByOtherOwnerChangesNothing", func(t *testing.T) { testUnlockByOther(t, b) })
+	t.Run("LeaseExpiry", func(t *testing.T) { testLeaseExpiry(t, b) })
+	t.Run("WatchdogKeepsLock", func(t *testing.T) { testWatchdog(t, b) })
+	t.Run("WakeOnRelease", func(t *testing.T) { testWakeOnRelease(t, b) })
+	t.Run("MissedReleaseMessage", func(t *testing.T) { testMissedMessage(t, b) })
+	t.Run("WaitersServedInOrder", func(t *testing.T) { testFIFO(t, b) })
+	t.Run("FencingTokens", func(t *testing.T) { testFencing(t, b) })
+	t.Run("TryLockTimeout", func(t *testing.T) { testTryLockTimeout(t, b) })
+	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, b) })
+	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, b) })
+}
+
+func testReentry(t *testing.T, b backend) {
+	ctx := testContext(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{})
+	name := lockName(t)
+	m := newMutex(t, c, name, nil)
+
+	first := mustLock(t, ctx, m)
+	second := mustLock(t, ctx, m)
+	if first != second || first.Token() != second.Token() {
+		t.Fatalf("re-entry returned a different lease or token: %d, %d", first.Token(), second.Token())
+	}
+	info := inspect(t, c, name)
+	if len(info.Holders) != 1 || info.Holders[0].Owner != m.Owner() || info.Holders[0].Count != 2 {
+		t.Fatalf("holders after two Locks = %+v, want %s with count 2", info.Holders, m.Owner())
+	}
+	if info.TTL <= 0 {
+		t.Fatalf("lock TTL = %v, want a lease", info.TTL)
+	}
+
+	mustUnlock(t, ctx, m)
+	if got := inspect(t, c, name).Holders; len(got) != 1 || got[0].Count != 1 {
+		t.Fatalf("holders after one Unlock = %+v, want count 1", got)
+	}
+	if first.Err() != nil {
+		t.Fatalf("lease ended after a non-final Unlock: %v", first.Err())
+	}
+	mustUnlock(t, ctx, m)
+	if inspect(t, c, name).Held() {
+		t.Fatal("lock still held after the final Unlock")
+	}
+	wantErr(t, first.Err(), redislock.ErrReleased)
+	wantErr(t, m.Unlock(ctx), redislock.ErrNotHeld)
+}
+
+func testOwnerInContext(t *testing.T, b backend) {
+	ctx := testContext(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{})
+	name := lockName(t)
+	owner := c.NewOwner()
+	ctx = redislock.WithOwner(ctx, owner)
+	// Two Mutex values, one owner carried by the context: the second Lock
+	// re-enters, even from another goroutine.
+	outer, inner := newMutex(t, c, name, nil), newMutex(t, c, name, nil)
+	mustLock(t, ctx, outer)
+	done := make(chan error)
+	go func() {
+		_, err := inner.TryLock(ctx, 0)
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		t.Fatalf("re-entry with the context's owner: %v", err)
+	}
+	info := inspect(t, c, name)
+	if len(info.Holders) != 1 || info.Holders[0].Owner != owner || info.Holders[0].Count != 2 {
+		t.Fatalf("holders = %+v, want %s with count 2", info.Holders, owner)
+	}
+	// Without the context's owner, the Mutex is its own owner and excluded.
+	_, err := inner.TryLock(context.Background(), 0)
+	wantErr(t, err, redislock.ErrWaitTimeout)
+	mustUnlock(t, ctx, inner)
+	mustUnlock(t, ctx, outer)
+
+	_, err = outer.Lock(redislock.WithOwner(ctx, "no-colon"))
+	wantErr(t, err, redislock.ErrInvalidOwner)
+}
+
+func testUnlockByOther(t *testing.T, b backend) {
+	ctx := testContext(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{})
+	name := lockName(t)
+	holder, other := newMutex(t, c, name, nil), newMutex(t, c, name, nil)
+	lease := mustLock(t, ctx, holder)
+	before := inspect(t, c, name)
+
+	wantErr(t, other.Unlock(ctx), redislock.ErrNotOwner)
+	after := inspect(t, c, name)
+	if fmt.Sprint(after.Holders) != fmt.Sprint(before.Holders) || after.Token != before.Token {
+		t.Fatalf("a non-owner's Unlock changed the lock: %+v -> %+v", before, after)
+	}
+	if lease.Err() != nil {
+		t.Fatalf("holder's lease ended: %v", lease.Err())
+	}
+	mustUnlock(t, ctx, holder)
+}
+
+func testLeaseExpiry(t *testing.T, b backend) {
+	ctx := testContext(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{RetryFallback: 50 * time.Millisecond})
+	name := lockName(t)
+	const leaseTime = 300 * time.Millisecond
+	holder := newMutex(t, c, name, &redislock.MutexOptions{Lease: leaseTime})
+	lease := mustLock(t, ctx, holder)
+
+	// The holder learns that its lease is over.
+	waitDone(t, lease.Done(), 10*time.Second, "lost-lease signal of an expiring lease")
+	wantErr(t, lease.Err(), redislock.ErrLeaseLost)
+
+	// The lock simply expires; nobody renews it, and another owner gets it.
+	other := newMutex(t, c, name, nil)
+	mustLock(t, ctx, other)
+	wantErr(t, holder.Unlock(ctx), redislock.ErrNotOwner)
+	mustUnlock(t, ctx, other)
+}
+
+func testWatchdog(t *testing.T, b backend) {
+	ctx := testContext(t)
+	const leaseTime = 300 * time.Millisecond
+	c := newClient(t, b.newRedis(t), redislock.Options{WatchdogLease: leaseTime})
+	name := lockName(t)
+	m := newMutex(t, c, name, nil)
+	lease := mustLock(t, ctx, m)
+
+	// Past three leases, the lock is still held, with a fresh lease.
+	time.Sleep(4 * leaseTime)
+	info := inspect(t, c, name)
+	if !info.Held() || info.Holders[0].Owner != m.Owner() || info.TTL <= 0 {
+		t.Fatalf("after 4 leases: %+v, want held by %s with a lease", info, m.Owner())
+	}
+	if lease.Err() != nil {
+		t.Fatalf("lease ended while the watchdog kept it: %v", lease.Err())
+	}
+	mustUnlock(t, ctx, m)
+	// The watchdog stopped with the Unlock: nothing renews the freed lock.
+	time.Sleep(2 * leaseTime)
+	if inspect(t, c, name).Held() {
+		t.Fatal("lock held again after Unlock")
+	}
+}
+
+func testWakeOnRelease(t *testing.T, b backend) {
+	ctx := testContext(t)
+	// A fallback longer than the test's bound: only the release message can
+	// wake the waiter in time.
+	opts := redislock.Options{RetryFallback: time.Minute}
+	holderClient := newClient(t, b.newRedis(t), opts)
+	waiterClient := newClient(t, b.newRedis(t), opts)
+	name := lockName(t)
+	holder := newMutex(t, holderClient, name, nil)
+	waiter := newMutex(t, waiterClient, name, nil)
+	mustLock(t, ctx, holder)
+
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		if _, err := waiter.Lock(ctx); err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+	}()
+	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
+	mustUnlock(t, ctx, holder)
+	waitDone(t, got, 10*time.Second, "the waiter's wake-up on release")
+	mustUnlock(t, ctx, waiter)
+}
+
+func testMissedMessage(t *testing.T, b backend) {
+	ctx := testContext(t)
+	rdb := b.newRedis(t)
+	c := newClient(t, rdb, redislock.Options{RetryFallback: 200 * time.Millisecond})
+	name := lockName(t)
+	holder, waiter := newMutex(t, c, name, nil), newMutex(t, c, name, nil)
+	mustLock(t, ctx, holder)
+
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		if _, err := waiter.Lock(ctx); err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+	}()
+	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the waiter to queue")
+	// Free the lock without a release message, as a lost message would.
+	if err := rdb.Del(ctx, name).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, got, 10*time.Second, "the waiter's retry after a missed message")
+	mustUnlock(t, ctx, waiter)
+}
+
+func testFIFO(t *testing.T, b backend) {
+	ctx := testContext(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{RetryFallback: time.Minute})
+	name := lockName(t)
+	holder := newMutex(t, c, name, nil)
+	mustLock(t, ctx, holder)
+
+	var order []int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range 4 {
+		m := newMutex(t, c, name, nil)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := m.Lock(ctx); err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			if err := m.Unlock(ctx); err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+			}
+		}()
+		// Queue them one after another.
+		waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == i+1 }, "the waiter to queue")
+	}
+	mustUnlock(t, ctx, holder)
+	wg.Wait()
+	if fmt.Sprint(order) != "[0 1 2 3]" {
+		t.Fatalf("waiters got the lock in order %v, want arrival order", order)
+	}
+}
+
+func testFencing(t *testing.T, b backend) {
+	ctx := testContext(t)
+	rdb := b.newRedis(t)
+	c := newClient(t, rdb, redislock.Options{})
+	name := lockName(t)
+	var last int64
+	for i := range 5 {
+		m := newMutex(t, c, name, nil)
+		l := mustLock(t, ctx, m)
+		if l.Token() <= last {
+			t.Fatalf("ownership %d has token %d, not above the previous %d", i, l.Token(), last)
+		}
+		if again := mustLock(t, ctx, m); again.Token() != l.Token() {
+			t.Fatalf("re-entry changed the token from %d to %d", l.Token(), again.Token())
+		}
+		last = l.Token()
+		mustUnlock(t, ctx, m)
+		mustUnlock(t, ctx, m)
+	}
+	ttl, err := rdb.TTL(ctx, "redisson_lock_token:{"+name+"}").Result()
+	if err != nil || ttl != -1 {
+		t.Fatalf("token counter TTL = %v (%v), want none", ttl, err)
+	}
+}
+
+func testTryLockTimeout(t *testing.T, b backend) {
+	ctx := testContext(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{})
+	name := lockName(t)
+	holder, waiter := newMutex(t, c, name, nil), newMutex(t, c, name, nil)
+	mustLock(t, ctx, holder)
+	_, err := waiter.TryLock(ctx, 100*time.Millisecond)
+	wantErr(t, err, redislock.ErrWaitTimeout)
+	if w := inspect(t, c, name).Waiters; len(w) != 0 {
+		t.Fatalf("a waiter that timed out is still queued: %v", w)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = waiter.Lock(cancelled)
+	wantErr(t, err, context.Canceled)
+	mustUnlock(t, ctx, holder)
+}
+
+func testForceRelease(t *testing.T, b backend) {
+	ctx := testContext(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{})
+	name := lockName(t)
+	podUID := "0e9f6f1c-5b5e-4c1e-9d42-3f8c2a1b7d10"
+	pod := newMutex(t, c, name, &redislock.MutexOptions{Owner: redislock.Owner(podUID + ":1")})
+	mustLock(t, ctx, pod)
+	mustLock(t, ctx, pod)
+
+	waiter := newMutex(t, c, name, nil)
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		if _, err := waiter.Lock(ctx); err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+	}()
+	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the waiter to queue")
+
+	// Another UID sharing a prefix is not touched.
+	if n, err := c.ForceRelease(ctx, name, podUID[:8]); err != nil || n != 0 {
+		t.Fatalf("ForceRelease of a prefix = %d, %v; want 0", n, err)
+	}
+	n, err := c.ForceRelease(ctx, name, podUID)
+	if err != nil || n != 1 {
+		t.Fatalf("ForceRelease = %d, %v; want 1 holder removed", n, err)
+	}
+	waitDone(t, got, 10*time.Second, "the waiter's wake-up after a forced release")
+	mustUnlock(t, ctx, waiter)
+}
+
+// testMutualExclusion runs several clients, each with several goroutines,
+// through one lock, and counts every overlap a checker sees and every token
+// that does not rise.
+func testMutualExclusion(t *testing.T, b backend) {
+	ctx := testContext(t)
+	name := lockName(t)
+	const clients, workers, rounds = 3, 4, 25
+	var inside, violations, acquisitions atomic.Int64
+	var tokenMu sync.Mutex
+	var lastToken int64
+	var wg sync.WaitGroup
+	for range clients {
+		c := newClient(t, b.newRedis(t), redislock.Options{RetryFallback: 100 * time.Millisecond})
+		for range workers {
+			m := newMutex(t, c, name, nil)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					l, err := m.Lock(ctx)
+					if err != nil {
+						t.Errorf("Lock: %v", err)
+						return
+					}
+					if inside.Add(1) != 1 {
+						violations.Add(1)
+					}
+					tokenMu.Lock()
+					if l.Token() <= lastToken {
+						violations.Add(1)
+					}
+					lastToken = l.Token()
+					tokenMu.Unlock()
+					acquisitions.Add(1)
+					time.Sleep(100 * time.Microsecond)
+					inside.Add(-1)
+					if err := m.Unlock(ctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if v := violations.Load(); v != 0 {
+		t.Fatalf("%d mutual-exclusion violations in %d acquisitions", v, acquisitions.Load())
+	}
+	if n := acquisitions.Load(); n != clients*workers*rounds {
+		t.Fatalf("%d acquisitions, want %d", n, clients*workers*rounds)
+	}
+}
+
+// waitFor polls cond, for test set-up only (never to assert timing).
+func waitFor(t testing.TB, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,385 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MutexOptions configure a Mutex. The zero value is ready to use.
+type MutexOptions struct {
+	// Lease, if above 0, is a fixed lease: the lock expires that long after
+	// each Lock unless unlocked first, and no watchdog renews it. Default:
+	// 0, a watchdog lease (Options.WatchdogLease) renewed until Unlock.
+	Lease time.Duration
+	// Owner is who the Mutex acts for when the context carries no owner
+	// (see WithOwner). Default: a new owner from Client.NewOwner, so each
+	// Mutex is its own owner, and locking it twice re-enters it.
+	Owner Owner
+}
+
+// Mutex is a reentrant lock on one name, acting for one owner at a time.
+// The owner is the one carried by the call's context (WithOwner), or else the
+// Mutex's own. A Mutex is safe for concurrent use, but note that concurrent
+// calls without a context owner act for the same owner and so re-enter
+// rather than exclude each other: give each worker its own Mutex or owner.
+type Mutex struct {
+	c     *Client
+	keys  lockKeys
+	lease time.Duration // 0: watchdog
+	owner Owner
+}
+
+// NewMutex returns a Mutex for the lock name. opts may be nil. The name is
+// checked here, before any call to Redis.
+func (c *Client) NewMutex(name string, opts *MutexOptions) (*Mutex, error) {
+	if err := validateName(name); err != nil {
+		return nil, err
+	}
+	m := &Mutex{c: c, keys: keysFor(name)}
+	if opts != nil {
+		if opts.Lease < 0 {
+			return nil, fmt.Errorf("redislock: MutexOptions.Lease %v is negative", opts.Lease)
+		}
+		m.lease, m.owner = opts.Lease, opts.Owner
+	}
+	if m.owner == "" {
+		m.owner = c.NewOwner()
+	}
+	if err := m.owner.Validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Name returns the lock name.
+func (m *Mutex) Name() string { return m.keys.name }
+
+// Owner returns who the Mutex acts for when the context carries no owner.
+func (m *Mutex) Owner() Owner { return m.owner }
+
+func (m *Mutex) ownerFor(ctx context.Context) (Owner, error) {
+	if o, ok := OwnerFromContext(ctx); ok {
+		return o, o.Validate()
+	}
+	return m.owner, nil
+}
+
+// lease returns the lease to request and whether the watchdog keeps it.
+func (m *Mutex) leaseTerms() (time.Duration, bool) {
+	if m.lease > 0 {
+		return m.lease, false
+	}
+	return m.c.opts.WatchdogLease, true
+}
+
+// Lock blocks until the owner holds the lock, or ctx ends (it then returns
+// ctx's error). If the owner already holds it, Lock re-enters at once and
+// returns the same Lease, with the same fencing token.
+func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
+	return m.lock(ctx, -1)
+}
+
+// TryLock is Lock with a wait bound: it returns ErrWaitTimeout if the lock
+// is not held within wait. A wait of 0 makes a single attempt.
+func (m *Mutex) TryLock(ctx context.Context, wait time.Duration) (*Lease, error) {
+	if wait < 0 {
+		return nil, fmt.Errorf("redislock: TryLock wait %v is negative", wait)
+	}
+	return m.lock(ctx, wait)
+}
+
+func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Lease, error) {
+	c := m.c
+	if err := c.checkOpen(); err != nil {
+		return nil, err
+	}
+	owner, err := m.ownerFor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	queueTTL := c.opts.QueueTTL
+	if wait == 0 {
+		queueTTL = 0 // a single attempt does not queue
+	}
+
+	// Registering before the first attempt means no release message or
+	// head notice sent after the attempt can be missed, if this client is
+	// already subscribed to the lock. It costs no Redis command.
+	w := c.waits.register(m.keys.name, owner)
+	defer c.waits.unregister(w)
+
+	res, err := c.tryAcquire(ctx, m, owner, queueTTL)
+	if err != nil {
+		return nil, err
+	}
+	if res.acquired {
+		return c.hold(m, owner, res, start), nil
+	}
+	if wait == 0 {
+		return nil, ErrWaitTimeout
+	}
+	res, err = c.waits.wait(ctx, w, m, wait, res)
+	if err != nil {
+		return nil, err
+	}
+	return c.hold(m, owner, res, start), nil
+}
+
+// Unlock undoes one Lock by the owner. The final Unlock frees the lock,
+// wakes waiters and stops the watchdog's renewal of it before returning. It
+// returns ErrNotHeld if nobody holds the lock, ErrNotOwner if another owner
+// does, and changes nothing in either case.
+func (m *Mutex) Unlock(ctx context.Context) error {
+	c := m.c
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	owner, err := m.ownerFor(ctx)
+	if err != nil {
+		return err
+	}
+	lease, _ := m.leaseTerms()
+	key := holdKey{m.keys.name, owner}
+
+	// Shared with other Unlocks, exclusive with a renewal batch: a renewal
+	// in flight completes before the release, and none starts during it.
+	c.renewing.RLock()
+	defer c.renewing.RUnlock()
+
+	sent := time.Now()
+	remaining, err := releaseScript.Run(ctx, c.rdb,
+		[]string{m.keys.name, m.keys.channel}, string(owner), lease.Milliseconds()).Int64()
+	if err != nil {
+		return unavailable(err)
+	}
+
+	c.mu.Lock()
+	l := c.held[key]
+	c.mu.Unlock()
+	switch {
+	case remaining > 0:
+		if l != nil {
+			c.extend(l, sent, lease)
+		}
+		return nil
+	case remaining == 0:
+		if l != nil && c.drop(l, ErrReleased) {
+			c.opts.Metrics.observeHold(time.Since(l.acquired))
+		}
+		return nil
+	case remaining == -2:
+		if l != nil {
+			c.lost(l, ErrNotOwner)
+		}
+		return ErrNotOwner
+	default:
+		if l != nil {
+			c.lost(l, ErrLeaseLost)
+		}
+		return ErrNotHeld
+	}
+}
+
+// acquireResult is the outcome of one acquire attempt.
+type acquireResult struct {
+	acquired bool
+	token    int64         // when acquired
+	pttl     time.Duration // when not: the lock's remaining lease, 0 if free but reserved, <0 if no expiry
+	head     bool          // when not: this owner heads the wait queue
+	sent     time.Time     // when the attempt was sent, the start of the lease
+}
+
+// tryAcquire runs the acquire script once: one round trip, or one pipelined
+// round trip with WAIT when Options.WaitReplicas is set.
+func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration) (acquireResult, error) {
+	lease, _ := m.leaseTerms()
+	keys := []string{m.keys.name, m.keys.token, m.keys.queue, m.keys.queueExpiry}
+	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, m.keys.name}
+
+	res := acquireResult{sent: time.Now()}
+	var reply []any
+	var err error
+	if c.opts.WaitReplicas > 0 {
+		reply, err = c.acquireSynced(ctx, m, owner, keys, args)
+	} else {
+		reply, err = acquireScript.Run(ctx, c.rdb, keys, args...).Slice()
+	}
+	c.opts.Metrics.observeAcquire(time.Since(res.sent))
+	if err != nil {
+		c.compensate(m, owner)
+		return res, unavailable(err)
+	}
+	if len(reply) != 3 {
+		return res, errScriptReply
+	}
+	status, _ := reply[0].(int64)
+	value, _ := reply[1].(int64)
+	third, _ := reply[2].(int64)
+	if status == 1 {
+		res.acquired, res.token = true, value
+	} else {
+		res.pttl, res.head = time.Duration(value)*time.Millisecond, third == 1
+	}
+	return res, nil
+}
+
+// acquireSynced sends the acquire script and WAIT in one pipeline on the
+// lock's master, so WAIT covers exactly this write. If too few replicas
+// acknowledge, a successful acquisition is undone.
+func (c *Client) acquireSynced(ctx context.Context, m *Mutex, owner Owner, keys []string, args []any) ([]any, error) {
+	var node redis.Cmdable = c.rdb
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		master, err := cc.MasterForKey(ctx, m.keys.name)
+		if err != nil {
+			return nil, err
+		}
+		node = master
+	}
+	run := func() (*redis.Cmd, *redis.Cmd, error) {
+		pipe := node.Pipeline()
+		eval := acquireScript.EvalSha(ctx, pipe, keys, args...)
+		wait := pipe.Do(ctx, "wait", c.opts.WaitReplicas, c.opts.WaitReplicasTimeout.Milliseconds())
+		_, err := pipe.Exec(ctx)
+		return eval, wait, err
+	}
+	eval, wait, err := run()
+	if isNoScript(eval.Err()) {
+		if err := acquireScript.Load(ctx, node).Err(); err != nil {
+			return nil, err
+		}
+		eval, wait, err = run()
+	}
+	if err != nil {
+		return nil, err
+	}
+	reply, err := eval.Slice()
+	if err != nil {
+		return nil, err
+	}
+	if acked, _ := wait.Int64(); acked < int64(c.opts.WaitReplicas) {
+		if status, _ := reply[0].(int64); status == 1 {
+			lease, _ := m.leaseTerms()
+			_ = releaseScript.Run(ctx, c.rdb, []string{m.keys.name, m.keys.channel}, string(owner), lease.Milliseconds()).Err()
+		}
+		return nil, fmt.Errorf("only %d of %d replicas acknowledged the lock within %v", acked, c.opts.WaitReplicas, c.opts.WaitReplicasTimeout)
+	}
+	return reply, nil
+}
+
+// compensate undoes an acquire attempt whose reply was lost (the call may
+// still have run), so a failed Lock leaves nothing behind: it releases an
+// acquisition and leaves the wait queue. It only runs when the owner held
+// nothing before: then a release either undoes exactly that acquisition or
+// finds nothing to undo. If Redis stays unreachable, the lease and the queue
+// entry run out on their own.
+func (c *Client) compensate(m *Mutex, owner Owner) {
+	c.mu.Lock()
+	_, heldBefore := c.held[holdKey{m.keys.name, owner}]
+	c.mu.Unlock()
+	if heldBefore {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.RetryFallback)
+	defer cancel()
+	lease, _ := m.leaseTerms()
+	_ = releaseScript.Run(ctx, c.rdb, []string{m.keys.name, m.keys.channel}, string(owner), lease.Milliseconds()).Err()
+	c.leaveQueue(ctx, m, owner)
+}
+
+// holdKey identifies one owner's hold on one lock within a client.
+type holdKey struct {
+	name  string
+	owner Owner
+}
+
+// Lease is an owner's hold on a lock, from the Lock that took it to the
+// Unlock that freed it. Re-entries share the Lease.
+type Lease struct {
+	key      holdKey
+	token    int64
+	acquired time.Time
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+
+	// Guarded by Client.mu.
+	lease       time.Duration
+	watchdog    bool
+	deadline    time.Time // local monotonic deadline of the ownership
+	deadlineSet time.Time // send time of the call that set deadline
+	timer       *time.Timer
+}
+
+// Name returns the lock name.
+func (l *Lease) Name() string { return l.key.name }
+
+// Owner returns the holder.
+func (l *Lease) Owner() Owner { return l.key.owner }
+
+// Token returns the fencing token of this ownership: strictly greater than
+// that of every earlier ownership of the lock, and the same across
+// re-entries. Pass it to the protected resource, which should refuse writes
+// with a token lower than one it has seen.
+func (l *Lease) Token() int64 { return l.token }
+
+// Context returns a context that is cancelled when the ownership ends or can
+// no longer be vouched for. context.Cause tells why: ErrReleased after the
+// final Unlock, ErrNotOwner when a renewal found the lock taken from the
+// owner, ErrLeaseLost when no renewal succeeded before the local deadline,
+// ErrClosed when the client closed.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done is Context().Done().
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err returns nil while the lease is held, and afterwards why it ended (see
+// Context).
+func (l *Lease) Err() error { return context.Cause(l.ctx) }
+
+// hold records a successful acquisition and arms its deadline. A re-entry
+// returns the Lease already held; one that was lost is replaced.
+func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time) *Lease {
+	lease, watchdog := m.leaseTerms()
+	key := holdKey{m.keys.name, owner}
+	c.opts.Metrics.observeWait(time.Since(start))
+
+	c.mu.Lock()
+	l := c.held[key]
+	if l == nil {
+		l = &Lease{key: key, token: res.token, acquired: res.sent}
+		l.ctx, l.cancel = context.WithCancelCause(context.Background())
+		l.timer = time.AfterFunc(time.Hour, func() { c.checkDeadline(l) })
+		c.held[key] = l
+	}
+	l.lease, l.watchdog = lease, watchdog
+	c.extendLocked(l, res.sent, lease)
+	c.mu.Unlock()
+	return l
+}
+
+// drop forgets l and ends its context with cause, if l is still held.
+// It reports whether it did.
+func (c *Client) drop(l *Lease, cause error) bool {
+	c.mu.Lock()
+	current := c.held[l.key] == l
+	if current {
+		delete(c.held, l.key)
+		l.timer.Stop()
+	}
+	c.mu.Unlock()
+	if current {
+		l.cancel(cause)
+	}
+	return current
+}
+
+// lost drops l because ownership can no longer be vouched for.
+func (c *Client) lost(l *Lease, cause error) {
+	if c.drop(l, cause) && cause != ErrClosed {
+		c.opts.Metrics.lostLease()
+		c.opts.Logger.Info("lock lease lost", "lock", l.key.name, "owner", string(l.key.owner), "cause", cause.Error())
+	}
+}
