@@ -1,0 +1,153 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// redissonLock runs Redisson's own RLock scripts (RedissonLock
+// tryLockInnerAsync and unlockInnerAsync, as quoted in the design's seed
+// 001) through go-redis, and waits the way Redisson does: subscribed to the
+// lock's channel, retrying on each message or after the lock's TTL.
+type redissonLock struct {
+	rdb   redis.UniversalClient
+	name  string
+	owner string // "<client UUID>:<thread id>"
+	lease time.Duration
+}
+
+var (
+	redissonTryLock = redis.NewScript(`if ((redis.call('exists', KEYS[1]) == 0) ` +
+		`or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then ` +
+		`redis.call('hincrby', KEYS[1], ARGV[2], 1); ` +
+		`redis.call('pexpire', KEYS[1], ARGV[1]); ` +
+		`return nil; ` +
+		`end; ` +
+		`return redis.call('pttl', KEYS[1]);`)
+	redissonUnlock = redis.NewScript(`if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then ` +
+		`return nil;` +
+		`end; ` +
+		`local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); ` +
+		`if (counter > 0) then ` +
+		`redis.call('pexpire', KEYS[1], ARGV[2]); ` +
+		`return 0; ` +
+		`else ` +
+		`redis.call('del', KEYS[1]); ` +
+		`redis.call(ARGV[4], KEYS[2], ARGV[1]); ` +
+		`return 1; ` +
+		`end; ` +
+		`return nil;`)
+)
+
+func (r *redissonLock) channel() string { return "redisson_lock__channel:{" + r.name + "}" }
+
+// tryLock returns 0 when acquired, else the lock's PTTL.
+func (r *redissonLock) tryLock(ctx context.Context) (time.Duration, error) {
+	ttl, err := redissonTryLock.Run(ctx, r.rdb, []string{r.name}, r.lease.Milliseconds(), r.owner).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return time.Duration(ttl) * time.Millisecond, err
+}
+
+func (r *redissonLock) lock(ctx context.Context) error {
+	sub := r.rdb.Subscribe(ctx, r.channel())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		return err
+	}
+	for {
+		ttl, err := r.tryLock(ctx)
+		if err != nil || ttl == 0 {
+			return err
+		}
+		waitCtx, cancel := context.WithTimeout(ctx, ttl)
+		_, err = sub.ReceiveMessage(waitCtx)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *redissonLock) unlock(ctx context.Context) (bool, error) {
+	n, err := redissonUnlock.Run(ctx, r.rdb, []string{r.name, r.channel()}, "0", r.lease.Milliseconds(), r.owner, "publish").Int64()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	return n == 1, err
+}
+
+func TestRedissonInterop(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	// A fallback longer than the test's bounds: only the release message
+	// can wake our waiter in time.
+	c := newClient(t, srv.Client(t), redislock.Options{RetryFallback: time.Minute})
+
+	t.Run("RedissonExcludesAndWakesUs", func(t *testing.T) {
+		name := lockName(t)
+		redisson := &redissonLock{rdb: srv.Client(t), name: name, owner: "7d3c0d2e-2f43-4a8e-9d0c-5b7e0b7e3c11:42", lease: 30 * time.Second}
+		if ttl, err := redisson.tryLock(ctx); err != nil || ttl != 0 {
+			t.Fatalf("Redisson tryLock = %v, %v", ttl, err)
+		}
+		ours := newMutex(t, c, name, nil)
+		_, err := ours.TryLock(ctx, 0)
+		wantErr(t, err, redislock.ErrWaitTimeout)
+
+		got := make(chan struct{})
+		go func() {
+			defer close(got)
+			if _, err := ours.Lock(ctx); err != nil {
+				t.Errorf("our Lock: %v", err)
+			}
+		}()
+		waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "our waiter to queue")
+		if freed, err := redisson.unlock(ctx); err != nil || !freed {
+			t.Fatalf("Redisson unlock = %v, %v", freed, err)
+		}
+		waitDone(t, got, 10*time.Second, "our waiter's wake-up on Redisson's release")
+		if ttl, err := redisson.tryLock(ctx); err != nil || ttl <= 0 {
+			t.Fatalf("Redisson tryLock while we hold = %v, %v; want excluded with a TTL", ttl, err)
+		}
+		mustUnlock(t, ctx, ours)
+	})
+
+	t.Run("WeExcludeAndWakeRedisson", func(t *testing.T) {
+		name := lockName(t)
+		ours := newMutex(t, c, name, nil)
+		mustLock(t, ctx, ours)
+		redisson := &redissonLock{rdb: srv.Client(t), name: name, owner: "7d3c0d2e-2f43-4a8e-9d0c-5b7e0b7e3c11:43", lease: 30 * time.Second}
+		got := make(chan error, 1)
+		go func() { got <- redisson.lock(ctx) }()
+		// Redisson waits the lock's TTL (30s) unless the release message
+		// wakes it.
+		time.Sleep(50 * time.Millisecond)
+		mustUnlock(t, ctx, ours)
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Redisson's waiter was not woken by our release")
+		}
+		info := inspect(t, c, name)
+		if len(info.Holders) != 1 || info.Holders[0].Owner != redislock.Owner(redisson.owner) {
+			t.Fatalf("holders = %+v, want Redisson's owner", info.Holders)
+		}
+		_, err := ours.TryLock(ctx, 0)
+		wantErr(t, err, redislock.ErrWaitTimeout)
+		wantErr(t, ours.Unlock(ctx), redislock.ErrNotOwner)
+		if _, err := redisson.unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
