@@ -176,7 +176,7 @@ func (c *Client) Close() error {
 	}
 	c.mu.Unlock()
 	for _, l := range leases {
-		c.lost(l, ErrClosed)
+		c.end(l, ErrClosed)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +16,29 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
-// TestMain fails the package if any goroutine outlives the tests.
+// TestMain starts the redis-server the Examples use, and fails the package
+// if any goroutine outlives the tests.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	dir, err := os.MkdirTemp("", "redislock-example")
+	if err != nil {
+		panic(err)
+	}
+	srv, err := redistest.StartServer(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	exampleRedis = srv.Addr
+	code := m.Run()
+	srv.Stop()
+	_ = os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // backend gives a test fresh go-redis clients on one Redis deployment.

@@ -167,18 +167,18 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		}
 		return nil
 	case remaining == 0:
-		if l != nil && c.drop(l, ErrReleased) {
-			c.opts.Metrics.observeHold(time.Since(l.acquired))
+		if l != nil {
+			c.end(l, ErrReleased)
 		}
 		return nil
 	case remaining == -2:
 		if l != nil {
-			c.lost(l, ErrNotOwner)
+			c.end(l, ErrNotOwner)
 		}
 		return ErrNotOwner
 	default:
 		if l != nil {
-			c.lost(l, ErrLeaseLost)
+			c.end(l, ErrLeaseLost)
 		}
 		return ErrNotHeld
 	}
@@ -360,9 +360,10 @@ func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time)
 	return l
 }
 
-// drop forgets l and ends its context with cause, if l is still held.
-// It reports whether it did.
-func (c *Client) drop(l *Lease, cause error) bool {
+// end forgets l and ends its context with cause, if l is still held, after
+// recording the hold time or the loss, so whoever sees the context end also
+// sees the metrics. It reports whether l was still held.
+func (c *Client) end(l *Lease, cause error) bool {
 	c.mu.Lock()
 	current := c.held[l.key] == l
 	if current {
@@ -370,16 +371,17 @@ func (c *Client) drop(l *Lease, cause error) bool {
 		l.timer.Stop()
 	}
 	c.mu.Unlock()
-	if current {
-		l.cancel(cause)
+	if !current {
+		return false
 	}
-	return current
-}
-
-// lost drops l because ownership can no longer be vouched for.
-func (c *Client) lost(l *Lease, cause error) {
-	if c.drop(l, cause) && cause != ErrClosed {
+	switch cause {
+	case ErrReleased:
+		c.opts.Metrics.observeHold(time.Since(l.acquired))
+	case ErrClosed:
+	default:
 		c.opts.Metrics.lostLease()
 		c.opts.Logger.Info("lock lease lost", "lock", l.key.name, "owner", string(l.key.owner), "cause", cause.Error())
 	}
+	l.cancel(cause)
+	return true
 }

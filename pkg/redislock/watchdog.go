@@ -84,7 +84,7 @@ func (c *Client) renewBatch(leases []*Lease) {
 			c.opts.Metrics.renewed()
 			c.extend(l, sent, lease)
 		default:
-			c.lost(l, ErrNotOwner)
+			c.end(l, ErrNotOwner)
 		}
 	}
 }
@@ -121,5 +121,5 @@ func (c *Client) checkDeadline(l *Lease) {
 		return
 	}
 	c.mu.Unlock()
-	c.lost(l, ErrLeaseLost)
+	c.end(l, ErrLeaseLost)
 }

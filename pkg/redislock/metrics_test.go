@@ -1,0 +1,91 @@
+package redislock_test
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+func TestMetrics(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	metrics := redislock.NewMetrics()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(metrics); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, srv.Client(t), redislock.Options{WatchdogLease: 300 * time.Millisecond, Metrics: metrics})
+	m := newMutex(t, c, lockName(t), nil)
+	mustLock(t, ctx, m)
+	time.Sleep(450 * time.Millisecond) // four renewal intervals
+	mustUnlock(t, ctx, m)
+	short := newMutex(t, c, lockName(t)+"-short", &redislock.MutexOptions{Lease: 50 * time.Millisecond})
+	waitDone(t, mustLock(t, ctx, short).Done(), 10*time.Second, "the short lease's end")
+
+	counts := map[string]int{}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, metric := range f.GetMetric() {
+			if h := metric.GetHistogram(); h != nil {
+				counts[f.GetName()] = int(h.GetSampleCount())
+			} else {
+				counts[f.GetName()] = int(metric.GetCounter().GetValue())
+			}
+		}
+	}
+	if counts["redislock_acquire_latency_seconds"] != 2 || counts["redislock_wait_seconds"] != 2 || counts["redislock_hold_seconds"] != 1 {
+		t.Errorf("acquire, wait and hold observations = %v", counts)
+	}
+	if counts["redislock_renewals_total"] < 2 || counts["redislock_renewal_failures_total"] != 0 || counts["redislock_lost_leases_total"] != 1 {
+		t.Errorf("renewal and loss counts = %v", counts)
+	}
+	if n := testutil.CollectAndCount(metrics); n != 6 {
+		t.Errorf("%d metrics collected, want 6", n)
+	}
+}
+
+// TestOneRenewalLoop holds many watchdog locks and checks that the client
+// runs one renewal goroutine for all of them, and nothing after Close.
+func TestOneRenewalLoop(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	rdb := srv.Client(t)
+	rdb.Ping(ctx) // open the pool's connection before counting
+	before := runtime.NumGoroutine()
+	baseline := goleak.IgnoreCurrent()
+	c, err := redislock.New(rdb, redislock.Options{WatchdogLease: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mutexes []*redislock.Mutex
+	for i := range 500 {
+		m := newMutex(t, c, fmt.Sprintf("%s-%d", lockName(t), i), nil)
+		mustLock(t, ctx, m)
+		mutexes = append(mutexes, m)
+	}
+	time.Sleep(400 * time.Millisecond) // renewals happen
+	if extra := runtime.NumGoroutine() - before; extra != 1 {
+		t.Errorf("%d goroutines for 500 held locks; want 1, the renewal loop", extra)
+	}
+	for _, m := range mutexes {
+		if inspect(t, c, m.Name()).TTL <= 0 {
+			t.Fatalf("%s not renewed", m.Name())
+		}
+		mustUnlock(t, ctx, m)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	goleak.VerifyNone(t, baseline)
+}
