@@ -70,8 +70,8 @@ type waiter struct {
 
 	// Guarded by waiting.mu.
 	sub     *subscription // the lock's subscription, once the waiter is on it
-	head    bool   // heads the queue, so acts on the release message
-	notices uint64 // head notices received
+	head    bool          // heads the queue, so acts on the release message
+	notices uint64        // head notices received
 	// listening is true when the client was already subscribed to both the
 	// lock's channel and the notice channel when the waiter registered, so
 	// it cannot have missed anything since its first attempt.
