@@ -77,8 +77,9 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 
 // ForceRelease removes every hold and wait-queue entry of the lock whose
 // owner ID is "<clientID>:<anything>", whatever its reentry count. If that
-// frees the lock, waiters are woken. It returns how many holders it removed.
-// The controller calls it with a pod UID when the pod terminates.
+// frees the lock, waiters are woken. Leases this Client held for those
+// owners end with ErrReleased. It returns how many holders it removed. The
+// controller calls it with a pod UID when the pod terminates.
 func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, error) {
 	if err := validateName(name); err != nil {
 		return 0, err
@@ -89,10 +90,25 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	if err := c.checkOpen(); err != nil {
 		return 0, err
 	}
+	// As in Unlock: no renewal may overlap the release.
+	c.renewing.RLock()
+	defer c.renewing.RUnlock()
 	k := keysFor(name)
-	n, err := forceReleaseScript.Run(ctx, c.rdb, []string{k.name, k.channel, k.queue, k.queueExpiry}, clientID+":").Int()
+	prefix := clientID + ":"
+	n, err := forceReleaseScript.Run(ctx, c.rdb, []string{k.name, k.channel, k.queue, k.queueExpiry}, prefix).Int()
 	if err != nil {
 		return 0, unavailable(err)
+	}
+	c.mu.Lock()
+	var released []*Lease
+	for key, l := range c.held {
+		if key.name == name && strings.HasPrefix(string(key.owner), prefix) {
+			released = append(released, l)
+		}
+	}
+	c.mu.Unlock()
+	for _, l := range released {
+		c.end(l, ErrReleased)
 	}
 	return n, nil
 }

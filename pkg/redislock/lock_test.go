@@ -299,7 +299,7 @@ func testForceRelease(t *testing.T, b backend) {
 	name := lockName(t)
 	podUID := "0e9f6f1c-5b5e-4c1e-9d42-3f8c2a1b7d10"
 	pod := newMutex(t, c, name, &redislock.MutexOptions{Owner: redislock.Owner(podUID + ":1")})
-	mustLock(t, ctx, pod)
+	podLease := mustLock(t, ctx, pod)
 	mustLock(t, ctx, pod)
 
 	waiter := newMutex(t, c, name, nil)
@@ -321,6 +321,7 @@ func testForceRelease(t *testing.T, b backend) {
 		t.Fatalf("ForceRelease = %d, %v; want 1 holder removed", n, err)
 	}
 	waitDone(t, got, 10*time.Second, "the waiter's wake-up after a forced release")
+	wantErr(t, podLease.Err(), redislock.ErrReleased)
 	mustUnlock(t, ctx, waiter)
 }
 

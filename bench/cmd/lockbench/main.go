@@ -1,0 +1,188 @@
+// Command lockbench compares lockwarden's pkg/redislock with two other Go
+// Redis lock libraries, github.com/go-redsync/redsync/v4 and
+// github.com/bsm/redislock, in one run against one redis-server it starts
+// itself on a free loopback port, and prints one markdown table.
+//
+//	cd bench && go run ./cmd/lockbench          # full run, about a minute
+//	cd bench && go run ./cmd/lockbench -short   # CI smoke run, ~15 s
+//
+// Scenarios: the PING round trip (the floor); an uncontended Lock+Unlock
+// pair; 8 clients contending for one lock (hold 200 µs, think 500 µs); and
+// 10,000 locks held by one client under lockwarden's watchdog. The machine
+// may be noisy: compare the libraries with each other and with the RTT
+// measured in the same run, not with absolute numbers from another run.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+type config struct {
+	short bool
+
+	pings             int
+	pairs             int
+	uncontendedRounds int
+
+	clients   int
+	hold      time.Duration
+	think     time.Duration
+	contended time.Duration // per library, split over rounds
+	rounds    int
+	warmup    time.Duration
+
+	locks     int
+	lease     time.Duration
+	interval  time.Duration
+	intervals int
+
+	redisServer string
+	strict      bool
+}
+
+func parseFlags() config {
+	var cfg config
+	flag.BoolVar(&cfg.short, "short", false, "short run for CI: fewer samples, 2s contended runs, 2,000 locks (explicit flags still win)")
+	flag.IntVar(&cfg.pings, "pings", 3000, "PING samples for the RTT floor")
+	flag.IntVar(&cfg.pairs, "pairs", 3000, "uncontended Lock+Unlock pairs per library")
+	flag.IntVar(&cfg.uncontendedRounds, "uncontended-rounds", 5, "rounds the PING and pair samples are interleaved in")
+	flag.IntVar(&cfg.clients, "clients", 8, "contending clients (each its own go-redis client and lock client)")
+	flag.DurationVar(&cfg.hold, "hold", 200*time.Microsecond, "contended: how long each acquisition holds the lock")
+	flag.DurationVar(&cfg.think, "think", 500*time.Microsecond, "contended: pause after each release")
+	flag.DurationVar(&cfg.contended, "contended", 15*time.Second, "contended: measured time per library, split over -rounds")
+	flag.IntVar(&cfg.rounds, "rounds", 3, "contended: rounds; each round runs every library once, in rotating order")
+	flag.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "contended: unmeasured warm-up before each run's window")
+	flag.IntVar(&cfg.locks, "locks", 10000, "locks held by one client in the watchdog scenario")
+	flag.DurationVar(&cfg.lease, "lease", 3*time.Second, "watchdog scenario: lockwarden WatchdogLease")
+	flag.DurationVar(&cfg.interval, "interval", time.Second, "watchdog scenario: lockwarden RenewInterval")
+	flag.IntVar(&cfg.intervals, "intervals", 3, "watchdog scenario: renewal intervals observed")
+	flag.StringVar(&cfg.redisServer, "redis-server", "redis-server", "redis-server binary")
+	flag.BoolVar(&cfg.strict, "strict", false, "exit with status 1 if lockwarden misses a target")
+	flag.Parse()
+
+	if cfg.short {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		def := func(name string, apply func()) {
+			if !set[name] {
+				apply()
+			}
+		}
+		def("pings", func() { cfg.pings = 500 })
+		def("pairs", func() { cfg.pairs = 500 })
+		def("uncontended-rounds", func() { cfg.uncontendedRounds = 2 })
+		def("contended", func() { cfg.contended = 2 * time.Second })
+		def("rounds", func() { cfg.rounds = 1 })
+		def("warmup", func() { cfg.warmup = 300 * time.Millisecond })
+		def("locks", func() { cfg.locks = 2000 })
+	}
+	return cfg
+}
+
+func (cfg config) validate() error {
+	switch {
+	case cfg.pings < 1 || cfg.pairs < 1 || cfg.uncontendedRounds < 1:
+		return errors.New("-pings, -pairs and -uncontended-rounds must be at least 1")
+	case cfg.clients < 2:
+		return errors.New("-clients must be at least 2")
+	case cfg.rounds < 1 || cfg.contended <= 0:
+		return errors.New("-rounds must be at least 1 and -contended above 0")
+	case cfg.locks < 10:
+		return errors.New("-locks must be at least 10")
+	case cfg.interval <= 0 || cfg.interval >= cfg.lease:
+		return errors.New("-interval must be above 0 and below -lease")
+	case cfg.intervals < 1:
+		return errors.New("-intervals must be at least 1")
+	}
+	return nil
+}
+
+func main() {
+	cfg := parseFlags()
+	if err := cfg.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second Ctrl-C kills at once (redis-server dies with us: PDEATHSIG)
+	}()
+	missed, err := run(ctx, cfg)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		os.Exit(1)
+	}
+	if cfg.strict && missed > 0 {
+		fmt.Fprintf(os.Stderr, "lockbench: lockwarden missed %d target(s)\n", missed)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) (int, error) {
+	gStart := runtime.NumGoroutine()
+	srv, err := startRedis(ctx, cfg.redisServer)
+	if err != nil {
+		return 0, err
+	}
+	defer srv.Stop()
+	progress := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "lockbench: "+format+"\n", args...)
+	}
+	progress("redis-server %s on %s (GOMAXPROCS=%d, %d CPUs)", srv.Version, srv.Addr, runtime.GOMAXPROCS(0), runtime.NumCPU())
+
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	probe, err := probeScriptCounting(ctx, admin)
+	if err != nil {
+		return 0, fmt.Errorf("probe: %w", err)
+	}
+
+	progress("floor and uncontended: %d PINGs, %d pairs per library, %d interleaved rounds", cfg.pings, cfg.pairs, cfg.uncontendedRounds)
+	unc, err := runUncontended(ctx, cfg, srv.Addr, admin)
+	if err != nil {
+		return 0, fmt.Errorf("uncontended: %w", err)
+	}
+
+	cont := make(map[string]*contendedResult)
+	for _, lib := range libraries {
+		cont[lib.name] = &contendedResult{}
+	}
+	window := cfg.contended / time.Duration(cfg.rounds)
+	for r := range cfg.rounds {
+		for i := range libraries {
+			lib := libraries[(i+r)%len(libraries)]
+			progress("contended round %d/%d: %s, %d clients, %v", r+1, cfg.rounds, lib.name, cfg.clients, window)
+			if err := runContended(ctx, cfg, srv.Addr, admin, lib, window, cont[lib.name]); err != nil {
+				return 0, fmt.Errorf("contended %s: %w", lib.name, err)
+			}
+		}
+	}
+
+	progress("%d locks: lockwarden watchdog (lease %v, renew every %v, %d intervals observed); peers' Extend/Refresh pass", cfg.locks, cfg.lease, cfg.interval, cfg.intervals)
+	many, err := runMany(ctx, cfg, srv.Addr, admin)
+	if err != nil {
+		return 0, fmt.Errorf("many locks: %w", err)
+	}
+
+	rep := buildReport(cfg, srv, probe, unc, cont, many)
+	fmt.Print(rep.text)
+
+	_ = admin.Close()
+	srv.Stop()
+	if g := settledGoroutines(); g > gStart+1 { // +1: the signal watcher
+		fmt.Fprintf(os.Stderr, "lockbench: warning: %d goroutines left running (started with %d)\n", g, gStart)
+	}
+	return rep.missed, nil
+}

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Targets from the issue.
+const (
+	targetPairRTT     = 2.3
+	targetThroughput  = 3000.0
+	targetP99         = 3 * time.Millisecond
+	targetMax         = 20 * time.Millisecond
+	targetCmdsPerAcq  = 4.0
+	targetRenewBatch  = 100 // lockwarden's RenewBatchSize default
+	renewSlackPercent = 10  // "about" N/100 round trips: within 10%
+)
+
+type report struct {
+	text   string
+	missed int
+}
+
+type row struct {
+	scenario, metric string
+	vals             [3]string // lockwarden, redsync, bsm/redislock
+	target, verdict  string
+}
+
+func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontendedResult, cont map[string]*contendedResult, many *manyResult) report {
+	var (
+		rows   []row
+		missed int
+		notes  []string
+	)
+	names := [3]string{"lockwarden", "redsync", "bsm/redislock"}
+	verdict := func(ok bool, miss string) string {
+		if ok {
+			return "yes"
+		}
+		missed++
+		return "**NO** — " + miss
+	}
+	per := func(f func(name string) string) [3]string {
+		var v [3]string
+		for i, n := range names {
+			v[i] = f(n)
+		}
+		return v
+	}
+
+	// Floor.
+	rtt := unc.rtt.pct(50)
+	rttS := fmtDur(rtt)
+	rows = append(rows, row{"floor", "PING RTT, median (go-redis)", [3]string{rttS, rttS, rttS}, "—", "—"})
+
+	// Uncontended.
+	pair := func(n string) time.Duration { return unc.pairs[n].pct(50) }
+	ourPairRatio := float64(pair("lockwarden")) / float64(rtt)
+	rows = append(rows,
+		row{"uncontended Lock+Unlock", "pair latency, median", per(func(n string) string { return fmtDur(pair(n)) }),
+			fmt.Sprintf("≤ %.1f × RTT = %s", targetPairRTT, fmtDur(time.Duration(targetPairRTT*float64(rtt)))), ""},
+		row{"uncontended Lock+Unlock", "pair / RTT", per(func(n string) string { return fmt.Sprintf("%.2f", float64(pair(n))/float64(rtt)) }),
+			fmt.Sprintf("≤ %.1f", targetPairRTT),
+			verdict(ourPairRatio <= targetPairRTT, fmt.Sprintf("%.2f × RTT, %.0f%% over", ourPairRatio, (ourPairRatio/targetPairRTT-1)*100))},
+		row{"uncontended Lock+Unlock", "pair p99", per(func(n string) string { return fmtDur(unc.pairs[n].pct(99)) }), "—", "—"},
+		row{"uncontended Lock+Unlock", "commands sent per pair", per(func(n string) string {
+			return fmt.Sprintf("%.2f", float64(unc.sent[n].total)/float64(unc.numPairs[n]))
+		}), "—", "—"},
+	)
+	rows[1].verdict = rows[2].verdict
+
+	// Contended.
+	sc := fmt.Sprintf("%d contending clients", cfg.clients)
+	c := func(n string) *contendedResult { return cont[n] }
+	ours := c("lockwarden")
+	oursWaits := ours.waits.sorted()
+	waits := func(n string) durations { return c(n).waits.sorted() }
+	rows = append(rows,
+		row{sc, "acquisitions/s", per(func(n string) string { return fmtInt(int64(math.Round(c(n).throughput()))) }),
+			"≥ 3,000", verdict(ours.throughput() >= targetThroughput,
+				fmt.Sprintf("%s/s, %.0f%% short", fmtInt(int64(ours.throughput())), (1-ours.throughput()/targetThroughput)*100))},
+		row{sc, "wait p50", per(func(n string) string { return fmtDur(waits(n).pct(50)) }), "—", "—"},
+		row{sc, "wait p99", per(func(n string) string { return fmtDur(waits(n).pct(99)) }),
+			"< 3 ms", verdict(oursWaits.pct(99) < targetP99, fmtDur(oursWaits.pct(99)))},
+		row{sc, "wait max", per(func(n string) string { return fmtDur(waits(n).max()) }),
+			"≤ 20 ms", verdict(len(oursWaits) > 0 && oursWaits.max() <= targetMax, fmtDur(oursWaits.max()))},
+		row{sc, "commands sent per acquisition", per(func(n string) string { return fmt.Sprintf("%.2f", c(n).cmdsPerAcq()) }),
+			"≤ 4", verdict(ours.acquisitions > 0 && ours.cmdsPerAcq() <= targetCmdsPerAcq, fmt.Sprintf("%.2f", ours.cmdsPerAcq()))},
+		row{sc, "acquisitions measured", per(func(n string) string { return fmtInt(c(n).acquisitions) }), "—", "—"},
+		row{sc, "gave-up acquire calls (retried) / exclusion violations / errors", per(func(n string) string {
+			r := c(n)
+			return fmt.Sprintf("%d / %d / %d", r.failed, r.violations, r.errors)
+		}), "0 violations, 0 errors", verdict(ours.violations == 0 && ours.errors == 0,
+			fmt.Sprintf("%d violations, %d errors", ours.violations, ours.errors))},
+	)
+
+	// Many locks.
+	ms := fmt.Sprintf("%s locks, one client", fmtInt(int64(many.n)))
+	k := float64(many.intervals)
+	rtPer := float64(many.roundTrips) / k
+	renPer := float64(many.renewals) / k
+	wantRT := math.Ceil(float64(many.n) / targetRenewBatch)
+	rtOK := rtPer >= wantRT*(1-renewSlackPercent/100.0) && rtPer <= wantRT*(1+renewSlackPercent/100.0)
+	peerVal := func(n string, f func(p peerMany) string) string {
+		p, ok := many.peers[n]
+		if !ok {
+			return "n/a"
+		}
+		return f(p)
+	}
+	peerRT := map[string]string{"redsync": "Mutex.ExtendContext", "bsm/redislock": "Lock.Refresh"}
+	var sweepTook durations
+	var pipesPerSweep []string
+	for _, s := range many.sweeps {
+		sweepTook = append(sweepTook, s.took)
+		pipesPerSweep = append(pipesPerSweep, fmt.Sprint(s.pipelines))
+	}
+	sweepTook = sweepTook.sorted()
+	gDelta := many.gHoldAll - many.gHoldSome
+	rows = append(rows,
+		row{ms, "round trips per renewal interval", [3]string{
+			fmtFloat(rtPer),
+			peerVal("redsync", func(p peerMany) string { return fmtInt(p.roundTrips) + " (caller calls Extend per lock; no watchdog)" }),
+			peerVal("bsm/redislock", func(p peerMany) string { return fmtInt(p.roundTrips) + " (caller calls Refresh per lock; no watchdog)" }),
+		}, fmt.Sprintf("≈ %s", fmtInt(int64(wantRT))),
+			verdict(rtOK, fmt.Sprintf("%s round trips per interval", fmtFloat(rtPer)))},
+		row{ms, "renewals per interval", [3]string{
+			fmt.Sprintf("%s (server: %s EVALSHA)", fmtFloat(renPer), fmtFloat(float64(many.serverEvals)/k)),
+			peerVal("redsync", func(p peerMany) string { return fmtInt(p.cmds) + " if the caller does it" }),
+			peerVal("bsm/redislock", func(p peerMany) string { return fmtInt(p.cmds) + " if the caller does it" }),
+		}, fmtInt(int64(many.n)), verdict(int(math.Round(renPer)) == many.n && many.leasesLost == 0 && many.stillHeld == many.n,
+			fmt.Sprintf("%s renewals/interval, %d leases lost, %d of %d still held", fmtFloat(renPer), many.leasesLost, many.stillHeld, many.n))},
+		row{ms, "time to renew all once", [3]string{
+			fmt.Sprintf("%s median sweep (%s pipelines per sweep)", fmtDur(sweepTook.pct(50)), strings.Join(pipesPerSweep, "/")),
+			peerVal("redsync", func(p peerMany) string { return fmtDur(p.took) + " (sequential " + peerRT["redsync"] + ")" }),
+			peerVal("bsm/redislock", func(p peerMany) string { return fmtDur(p.took) + " (sequential " + peerRT["bsm/redislock"] + ")" }),
+		}, "—", "—"},
+		row{ms, "renewal goroutines", [3]string{
+			fmt.Sprintf("%d (goroutines holding %s vs %s locks: %+d)", many.renewLoops, fmtInt(int64(many.n/10)), fmtInt(int64(many.n)), gDelta),
+			"none provided: the caller's own", "none provided: the caller's own",
+		}, "1, not growing with locks", verdict(many.renewLoops == 1 && gDelta <= 0,
+			fmt.Sprintf("%d renewal loops, %+d goroutines from %s to %s locks", many.renewLoops, gDelta, fmtInt(int64(many.n/10)), fmtInt(int64(many.n))))},
+	)
+
+	// Render.
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## lockbench: lockwarden vs redsync vs bsm/redislock\n\n")
+	fmt.Fprintf(&b, "Redis %s on loopback, one server for everything; %s, GOMAXPROCS=%d; %s.\n\n",
+		srv.Version, runtime.Version(), runtime.GOMAXPROCS(0), time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	b.WriteString("| scenario | metric | lockwarden | redsync | bsm/redislock | target | ours meets target? |\n")
+	b.WriteString("|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", r.scenario, r.metric, r.vals[0], r.vals[1], r.vals[2], r.target, r.verdict)
+	}
+
+	// Ratios.
+	b.WriteString("\nRatios (same run, same server):\n\n")
+	p := func(n string) float64 { return float64(pair(n)) }
+	fmt.Fprintf(&b, "- uncontended pair latency: lockwarden %s RTT; redsync %s; bsm %s (lockwarden/redsync %s, lockwarden/bsm %s; lower is better)\n",
+		ratio(p("lockwarden"), float64(rtt)), ratio(p("redsync"), float64(rtt)), ratio(p("bsm/redislock"), float64(rtt)),
+		ratio(p("lockwarden"), p("redsync")), ratio(p("lockwarden"), p("bsm/redislock")))
+	tp := func(n string) float64 { return c(n).throughput() }
+	fmt.Fprintf(&b, "- contended throughput: lockwarden %s redsync, %s bsm\n", ratio(tp("lockwarden"), tp("redsync")), ratio(tp("lockwarden"), tp("bsm/redislock")))
+	w99 := func(n string) float64 { return float64(waits(n).pct(99)) }
+	wmax := func(n string) float64 { return float64(waits(n).max()) }
+	fmt.Fprintf(&b, "- contended p99 wait: redsync %s lockwarden's, bsm %s lockwarden's; max wait: redsync %s, bsm %s lockwarden's\n",
+		ratio(w99("redsync"), w99("lockwarden")), ratio(w99("bsm/redislock"), w99("lockwarden")),
+		ratio(wmax("redsync"), wmax("lockwarden")), ratio(wmax("bsm/redislock"), wmax("lockwarden")))
+	cp := func(n string) float64 { return c(n).cmdsPerAcq() }
+	fmt.Fprintf(&b, "- contended commands per acquisition: redsync %s lockwarden's, bsm %s lockwarden's\n",
+		ratio(cp("redsync"), cp("lockwarden")), ratio(cp("bsm/redislock"), cp("lockwarden")))
+	if pr, ok := many.peers["redsync"]; ok && rtPer > 0 {
+		fmt.Fprintf(&b, "- renewing %s locks: lockwarden %s round trips per interval vs %s per pass for redsync/bsm callers (%s fewer); one pass: lockwarden %s vs redsync %s, bsm %s\n",
+			fmtInt(int64(many.n)), fmtFloat(rtPer), fmtInt(pr.roundTrips), ratio(float64(pr.roundTrips), rtPer),
+			fmtDur(sweepTook.pct(50)), fmtDur(pr.took), fmtDur(many.peers["bsm/redislock"].took))
+	}
+
+	// Footnotes.
+	b.WriteString("\nHow this was measured:\n\n")
+	fmt.Fprintf(&b, "- Floor and uncontended: one go-redis client; %s PINGs and %s Lock+Unlock pairs per library on one lock name, interleaved in %d rounds (library order rotating). lockwarden: Mutex.Lock/Unlock with the default watchdog lease; redsync: LockContext/UnlockContext, expiry 10s; bsm: Obtain/Release, TTL 10s.\n",
+		fmtInt(int64(cfg.pings)), fmtInt(int64(cfg.pairs)), cfg.uncontendedRounds)
+	fmt.Fprintf(&b, "- Contended: %d goroutines, each with its own go-redis client and lock client, on one lock name: acquire (blocking), hold %v, release, think %v. %v measured per library in %d round(s) with rotating order, each after a %v unmeasured warm-up (dial, script load, SUBSCRIBE). Wait = start of the acquire call to its return (for the peers, across the caller's retries when the library gives up). Holds/thinks use nanosleep + spin (Go's time.Sleep rounds sub-ms sleeps up to ~1 ms); measured hold median: %s.\n",
+		cfg.clients, cfg.hold, cfg.think, cfg.contended, cfg.rounds, cfg.warmup, holdMedian(cont))
+	fmt.Fprintf(&b, "  - lockwarden: %s.\n  - redsync: %s.\n  - bsm: %s.\n", oursDesc, redsyncDesc, bsmRetryDesc)
+	fmt.Fprintf(&b, "  - Longest wait during warm-ups (not in the table): lockwarden %s, redsync %s, bsm %s.\n",
+		fmtDur(c("lockwarden").warmupMax), fmtDur(c("redsync").warmupMax), fmtDur(c("bsm/redislock").warmupMax))
+	fmt.Fprintf(&b, "- Commands = commands the clients sent to Redis. A probe on this server showed that Redis %s counts commands called inside scripts (one EVAL calling SET raised cmdstat_set by %d and total_commands_processed by %d), so neither counter alone gives client-sent commands. The same method is used for all libraries: a go-redis hook on every client counts each command passed to Process and each command in a pipeline, plus the server-side INFO commandstats delta of SUBSCRIBE/UNSUBSCRIBE/PSUBSCRIBE/PUNSUBSCRIBE/PING, which go-redis sends on PubSub connections without running hooks (the harness sends none of those during a window). Hook-counted EVALSHA+EVAL is checked against the server's cmdstat_evalsha+eval: %s.\n",
+		srv.Version, probe.cmdstatInner, probe.totalDelta, evalCheck(unc, cont))
+	b.WriteString("- Command mix per acquisition (contended): ")
+	var mixes []string
+	for _, n := range names {
+		r := c(n)
+		if r.acquisitions > 0 {
+			mixes = append(mixes, fmt.Sprintf("%s: %s", n, r.sent().mix(float64(r.acquisitions))))
+		}
+	}
+	b.WriteString(strings.Join(mixes, "; ") + ".\n")
+	fmt.Fprintf(&b, "- %s locks: lockwarden client with WatchdogLease %v, RenewInterval %v, RenewBatchSize 100; locks taken with TryLock(ctx, 0) by 8 goroutines (%s); then %d renewal ticks observed: round trips = hook-counted Process calls + pipeline executions (a pipeline is one round trip), renewals = EVALSHAs sent (server cmdstat_evalsha agrees or is shown). Renewal goroutines = goroutines whose stack runs (*Client).renewLoop; goroutine counts are taken with the lock-taking goroutines gone. Leases lost: %d; lock keys still present after the window: %s of %s (window %v ≥ lease %v, so a key exists only if renewed). Goroutines: before New %d, after New %d, holding %s: %d, holding %s: %d, after Close %d. Peers have no watchdog: the column shows one sequential pass of Extend/Refresh over the same number of locks, which their callers must repeat every interval (batching would need pipelining outside the libraries' APIs).\n",
+		fmtInt(int64(many.n)), many.lease, many.every, fmtDur(many.acquireTook), many.intervals, many.leasesLost, fmtInt(int64(many.stillHeld)), fmtInt(int64(many.n)),
+		time.Duration(many.intervals)*many.every, many.lease,
+		many.gBefore, many.gAfterNew, fmtInt(int64(many.n/10)), many.gHoldSome, fmtInt(int64(many.n)), many.gHoldAll, many.gAfterClose)
+	for _, n := range names {
+		if r := c(n); r.firstErr != "" {
+			notes = append(notes, fmt.Sprintf("- %s contended errors: %d, first: %s\n", n, r.errors, r.firstErr))
+		}
+	}
+	for _, note := range notes {
+		b.WriteString(note)
+	}
+	if missed == 0 {
+		b.WriteString("\nlockwarden meets every target in this run.\n")
+	} else {
+		fmt.Fprintf(&b, "\nlockwarden misses %d target(s) in this run (marked **NO** above).\n", missed)
+	}
+	return report{text: b.String(), missed: missed}
+}
+
+func holdMedian(cont map[string]*contendedResult) string {
+	var all durations
+	for _, r := range cont {
+		all = append(all, r.holds...)
+	}
+	return fmtDur(all.sorted().pct(50))
+}
+
+func evalCheck(unc *uncontendedResult, cont map[string]*contendedResult) string {
+	// The hook and INFO snapshots of a contended window are a round trip
+	// apart while traffic goes on, so allow a few commands either way.
+	worst, where := 0.0, ""
+	check := func(what string, s sent) {
+		h, sv := float64(s.hook.evals), float64(s.server.evals())
+		if d := math.Abs(h-sv) / math.Max(1, sv); d > worst {
+			worst, where = d, fmt.Sprintf("%s: hook %d vs server %d", what, s.hook.evals, s.server.evals())
+		}
+	}
+	for name, s := range unc.sent {
+		check("uncontended "+name, s)
+	}
+	for name, r := range cont {
+		check("contended "+name, r.sent())
+	}
+	if worst == 0 {
+		return "they agree exactly in every window"
+	}
+	if worst < 0.01 {
+		return fmt.Sprintf("they agree within %.2f%% (largest gap: %s)", worst*100, where)
+	}
+	return fmt.Sprintf("MISMATCH of %.1f%% (%s)", worst*100, where)
+}
