@@ -203,9 +203,9 @@ func effectiveKey(lock *locksv1.DistributedLock) string {
 }
 
 func termsOf(lock *locksv1.DistributedLock) leaseTerms {
-	t := leaseTerms{lease: lock.Spec.LeaseDuration.Duration}
-	if t.lease == 0 {
-		t.lease = 30 * time.Second
+	t := leaseTerms{lease: 30 * time.Second} // the API's default
+	if lock.Spec.LeaseDuration != nil {
+		t.lease = lock.Spec.LeaseDuration.Duration
 	}
 	t.renew = t.lease / 3
 	if lock.Spec.RenewInterval != nil {

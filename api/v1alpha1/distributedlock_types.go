@@ -32,7 +32,7 @@ const (
 
 // DistributedLockSpec is the desired lock.
 // +kubebuilder:validation:XValidation:rule="has(self.key) == has(oldSelf.key)",message="spec.key cannot be added or removed after creation; create a new DistributedLock instead"
-// +kubebuilder:validation:XValidation:rule="!has(self.renewInterval) || duration(self.renewInterval) < duration(self.leaseDuration)",message="spec.renewInterval must be shorter than spec.leaseDuration, or the lease lapses between renewals"
+// +kubebuilder:validation:XValidation:rule="!has(self.renewInterval) || duration(self.renewInterval) < (has(self.leaseDuration) ? duration(self.leaseDuration) : duration('30s'))",message="spec.renewInterval must be shorter than spec.leaseDuration, or the lease lapses between renewals"
 type DistributedLockSpec struct {
 	// Key is the lock's name in Redis. It defaults to "<namespace>/<name>".
 	// An explicit key may not contain "/", so it can never name another
@@ -50,10 +50,11 @@ type DistributedLockSpec struct {
 	// LeaseDuration is how long the lock outlives its last renewal, between
 	// 1s and 1h. If the controller stops renewing (it crashed, or lost
 	// Redis), the lock is freed after this long.
+	// +optional
 	// +kubebuilder:default="30s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="spec.leaseDuration must be between 1s and 1h"
-	LeaseDuration metav1.Duration `json:"leaseDuration,omitempty"`
+	LeaseDuration *metav1.Duration `json:"leaseDuration,omitempty"`
 
 	// RenewInterval is how often the lease is renewed. Default: a third of
 	// the lease. It must be at least 100ms and shorter than the lease.
@@ -75,8 +76,7 @@ type PodSelector struct {
 	// +optional
 	// +kubebuilder:validation:MaxProperties=32
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",message="spec.candidates.matchLabels keys must be valid label keys: an optional DNS-subdomain prefix and '/', then up to 63 alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, self[k].matches('^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$'))",message="spec.candidates.matchLabels values must be valid label values: up to 63 alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"
-	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+	MatchLabels map[string]LabelValue `json:"matchLabels,omitempty"`
 
 	// MatchExpressions selects pods whose labels meet all these requirements.
 	// +optional
@@ -84,6 +84,12 @@ type PodSelector struct {
 	// +listType=atomic
 	MatchExpressions []LabelRequirement `json:"matchExpressions,omitempty"`
 }
+
+// LabelValue is a label value: up to 63 alphanumerics, '-', '_' or '.',
+// starting and ending with an alphanumeric.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:Pattern=`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`
+type LabelValue string
 
 // LabelRequirement is one requirement of a PodSelector.
 // +kubebuilder:validation:XValidation:rule="(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",message="values must be non-empty for the operators In and NotIn, and empty for Exists and DoesNotExist"
@@ -99,19 +105,25 @@ type LabelRequirement struct {
 	// Values for In and NotIn.
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
-	// +kubebuilder:validation:items:MaxLength=63
-	// +kubebuilder:validation:items:Pattern=`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`
 	// +listType=atomic
-	Values []string `json:"values,omitempty"`
+	Values []LabelValue `json:"values,omitempty"`
 }
 
 // LabelSelector returns the selector in apimachinery's form.
 func (s PodSelector) LabelSelector() *metav1.LabelSelector {
-	sel := &metav1.LabelSelector{MatchLabels: s.MatchLabels}
+	sel := &metav1.LabelSelector{}
+	for k, v := range s.MatchLabels {
+		if sel.MatchLabels == nil {
+			sel.MatchLabels = map[string]string{}
+		}
+		sel.MatchLabels[k] = string(v)
+	}
 	for _, r := range s.MatchExpressions {
-		sel.MatchExpressions = append(sel.MatchExpressions, metav1.LabelSelectorRequirement{
-			Key: r.Key, Operator: r.Operator, Values: r.Values,
-		})
+		req := metav1.LabelSelectorRequirement{Key: r.Key, Operator: r.Operator}
+		for _, v := range r.Values {
+			req.Values = append(req.Values, string(v))
+		}
+		sel.MatchExpressions = append(sel.MatchExpressions, req)
 	}
 	return sel
 }

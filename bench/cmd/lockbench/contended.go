@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,6 +25,8 @@ type contendedResult struct {
 	errors       int64
 	firstErr     string
 	warmupMax    time.Duration // longest wait during the warm-ups
+	redisCPU     time.Duration // redis-server CPU (user+sys) inside the windows
+	selfCPU      time.Duration // this process's CPU inside the windows
 }
 
 func (r *contendedResult) throughput() float64 {
@@ -125,6 +129,8 @@ func runContended(ctx context.Context, cfg config, addr string, admin *redis.Cli
 		t0, t1 time.Duration
 		h0, h1 snap
 		s0, s1 cmdStats
+		r0, r1 time.Duration // redis-server CPU
+		p0, p1 time.Duration // own CPU
 		ctlErr error
 	)
 	sleepCtx := func(d time.Duration) bool {
@@ -138,11 +144,16 @@ func runContended(ctx context.Context, cfg config, addr string, admin *redis.Cli
 	if sleepCtx(cfg.warmup) {
 		h0 = hook.snap()
 		if s0, ctlErr = readCmdStats(ctx, admin); ctlErr == nil {
+			r0, ctlErr = redisCPU(ctx, admin)
+			p0 = selfCPU()
 			t0 = time.Since(base)
-			if sleepCtx(window) {
+			if ctlErr == nil && sleepCtx(window) {
 				t1 = time.Since(base)
 				h1 = hook.snap()
-				s1, ctlErr = readCmdStats(ctx, admin)
+				p1 = selfCPU()
+				if r1, ctlErr = redisCPU(ctx, admin); ctlErr == nil {
+					s1, ctlErr = readCmdStats(ctx, admin)
+				}
 			}
 		}
 	}
@@ -180,6 +191,8 @@ func runContended(ctx context.Context, cfg config, addr string, admin *redis.Cli
 		}
 	}
 	res.window += t1 - t0
+	res.redisCPU += r1 - r0
+	res.selfCPU += p1 - p0
 	res.hook = addSnap(res.hook, h1.sub(h0))
 	res.server = addStats(res.server, s1.sub(s0))
 	res.violations += violations.Load()
@@ -190,4 +203,30 @@ func runContended(ctx context.Context, cfg config, addr string, admin *redis.Cli
 		}
 	}
 	return nil
+}
+
+// redisCPU returns redis-server's CPU time so far (INFO cpu, user + sys).
+func redisCPU(ctx context.Context, admin *redis.Client) (time.Duration, error) {
+	info, err := admin.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total float64
+	for _, f := range []string{"used_cpu_user", "used_cpu_sys"} {
+		v, err := strconv.ParseFloat(infoField(info, f), 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu %s: %w", f, err)
+		}
+		total += v
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
+
+// selfCPU returns this process's CPU time so far (user + sys).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -67,6 +67,7 @@ func parseFlags() config {
 	flag.DurationVar(&cfg.interval, "interval", time.Second, "watchdog scenario: lockwarden RenewInterval")
 	flag.IntVar(&cfg.intervals, "intervals", 3, "watchdog scenario: renewal intervals observed")
 	flag.StringVar(&cfg.redisServer, "redis-server", "redis-server", "redis-server binary")
+	flag.StringVar(&pauseMode, "pause", "nanosleep", "how hold/think pauses wait: nanosleep (nanosleep(2) + spin, accurate), go (time.Sleep, ~1 ms granularity) or spin (busy yield loop)")
 	flag.BoolVar(&cfg.strict, "strict", false, "exit with status 1 if lockwarden misses a target")
 	flag.Parse()
 
@@ -101,6 +102,8 @@ func (cfg config) validate() error {
 		return errors.New("-locks must be at least 10")
 	case cfg.interval <= 0 || cfg.interval >= cfg.lease:
 		return errors.New("-interval must be above 0 and below -lease")
+	case pauseMode != "nanosleep" && pauseMode != "go" && pauseMode != "spin":
+		return errors.New("-pause must be nanosleep, go or spin")
 	case cfg.intervals < 1:
 		return errors.New("-intervals must be at least 1")
 	}

@@ -90,6 +90,23 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 			"≤ 20 ms", verdict(len(oursWaits) > 0 && oursWaits.max() <= targetMax, fmtDur(oursWaits.max()))},
 		row{sc, "commands sent per acquisition", per(func(n string) string { return fmt.Sprintf("%.2f", c(n).cmdsPerAcq()) }),
 			"≤ 4", verdict(ours.acquisitions > 0 && ours.cmdsPerAcq() <= targetCmdsPerAcq, fmt.Sprintf("%.2f", ours.cmdsPerAcq()))},
+		row{sc, "handoff gap per acquisition (1/throughput − hold), in RTT", per(func(n string) string {
+			r := c(n)
+			if r.acquisitions == 0 {
+				return "n/a"
+			}
+			gap := time.Duration(float64(time.Second)/r.throughput()) - r.holds.sorted().pct(50)
+			return fmt.Sprintf("%s = %.1f RTT", fmtDur(gap), float64(gap)/float64(rtt))
+		}), "—", "—"},
+		row{sc, "CPU per acquisition: redis-server / bench process (cores busy)", per(func(n string) string {
+			r := c(n)
+			if r.acquisitions == 0 {
+				return "n/a"
+			}
+			a := float64(r.acquisitions)
+			return fmt.Sprintf("%s / %s (%.2f / %.2f)", fmtDur(time.Duration(float64(r.redisCPU)/a)), fmtDur(time.Duration(float64(r.selfCPU)/a)),
+				r.redisCPU.Seconds()/r.window.Seconds(), r.selfCPU.Seconds()/r.window.Seconds())
+		}), "—", "—"},
 		row{sc, "acquisitions measured", per(func(n string) string { return fmtInt(c(n).acquisitions) }), "—", "—"},
 		row{sc, "gave-up acquire calls (retried) / exclusion violations / errors", per(func(n string) string {
 			r := c(n)

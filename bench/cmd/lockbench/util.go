@@ -13,12 +13,25 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// pauseMode selects how pause waits: "nanosleep" (default), "go" (time.Sleep) or "spin".
+var pauseMode = "nanosleep"
+
 // pause waits d accurately. Go's time.Sleep rounds sub-millisecond sleeps up
 // to about 1 ms on Linux when the runtime is idle (its poller waits in whole
 // milliseconds), which would turn "hold 200 µs" into "hold ~1.1 ms". So pause
 // blocks the thread in nanosleep(2) until shortly before the deadline and
 // yields in a loop for the rest. All libraries are driven with it.
 func pause(d time.Duration) {
+	switch pauseMode {
+	case "go":
+		time.Sleep(d)
+		return
+	case "spin":
+		for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+			runtime.Gosched()
+		}
+		return
+	}
 	const slack = 80 * time.Microsecond // nanosleep overshoots by ~50 µs timer slack
 	deadline := time.Now().Add(d)
 	for {

@@ -1,0 +1,333 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers"
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+var (
+	scheme    = runtime.NewScheme()
+	restCfg   *rest.Config
+	k8s       client.Client
+	redisAddr string
+)
+
+// TestMain starts a real kube-apiserver and etcd (envtest) with the CRD, and
+// a real redis-server, shared by the package's tests.
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	if err := locksv1.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory: envtestAssets(),
+	}
+	var err error
+	if restCfg, err = env.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "start envtest:", err)
+		return 1
+	}
+	defer func() { _ = env.Stop() }()
+	if k8s, err = client.New(restCfg, client.Options{Scheme: scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "controllers-redis")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	srv, err := redistest.StartServer(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer srv.Stop()
+	redisAddr = srv.Addr
+	return m.Run()
+}
+
+// envtestAssets is KUBEBUILDER_ASSETS, or else what hack/setup-envtest.sh
+// builds (and caches) when the tests run without make.
+func envtestAssets() string {
+	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+		return dir
+	}
+	out, err := exec.Command(filepath.Join("..", "hack", "setup-envtest.sh")).Output()
+	if err != nil {
+		panic(fmt.Sprintf("hack/setup-envtest.sh: %v", err))
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
+}
+
+// harness is one running manager with the controller, as cmd/manager runs it.
+type harness struct {
+	writes  atomic.Int64 // API writes by the controller's client
+	metrics *prometheus.Registry
+	stop    func()
+}
+
+func startManager(t testing.TB) *harness {
+	t.Helper()
+	h := &harness{metrics: prometheus.NewRegistry()}
+	count := func() { h.writes.Add(1) }
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Several managers run in one test process, one after another.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		NewClient: func(cfg *rest.Config, opts client.Options) (client.Client, error) {
+			c, err := client.NewWithWatch(cfg, opts)
+			if err != nil {
+				return nil, err
+			}
+			return interceptor.NewClient(c, countWrites(count)), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	locks := controllers.NewLockClients(rdb, ctrl.Log)
+	metrics, err := controllers.NewMetrics(h.metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &controllers.DistributedLockReconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorderFor("lockwarden"),
+		Locks:    locks,
+		Metrics:  metrics,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once atomic.Bool
+	h.stop = func() {
+		if !once.CompareAndSwap(false, true) {
+			return
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+		locks.Close()
+		_ = rdb.Close()
+	}
+	t.Cleanup(h.stop)
+	return h
+}
+
+func countWrites(count func()) interceptor.Funcs {
+	return interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			count()
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			count()
+			return c.Update(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			count()
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			count()
+			return c.Delete(ctx, obj, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			count()
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			count()
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	}
+}
+
+// newNamespace creates a namespace for one test, with the default service
+// account pods need.
+func newNamespace(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "lw-"}}
+	if err := k8s.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "default"}}
+	if err := k8s.Create(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+type podOption func(*corev1.Pod)
+
+// gatedPod puts the pod behind the lock's scheduling gate, as a guarded
+// CronJob's pod template would.
+func gatedPod(p *corev1.Pod) {
+	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: locksv1.SchedulingGate}}
+}
+
+// boundPod binds the pod to a node, so deleting it is graceful: it keeps
+// existing with a deletionTimestamp, as until a kubelet confirms.
+func boundPod(p *corev1.Pod) { p.Spec.NodeName = "node-1" }
+
+func withLabels(l map[string]string) podOption {
+	return func(p *corev1.Pod) { p.Labels = l }
+}
+
+// createPod creates a pod labelled app=<app>. No kubelet runs, so a pod that
+// is not gated is set Running here, as a kubelet would.
+func createPod(t testing.TB, ns, name, app string, opts ...podOption) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": app}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+	}
+	for _, o := range opts {
+		o(pod)
+	}
+	if err := k8s.Create(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if len(pod.Spec.SchedulingGates) == 0 {
+		setPhase(t, pod, corev1.PodRunning)
+	}
+	return pod
+}
+
+func setPhase(t testing.TB, pod *corev1.Pod, phase corev1.PodPhase) {
+	t.Helper()
+	pod.Status.Phase = phase
+	if err := k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func createLock(t testing.TB, ns, name, app string, mutate ...func(*locksv1.DistributedLock)) *locksv1.DistributedLock {
+	t.Helper()
+	lock := newLock(ns, name, app)
+	for _, m := range mutate {
+		m(lock)
+	}
+	if err := k8s.Create(context.Background(), lock); err != nil {
+		t.Fatal(err)
+	}
+	return lock
+}
+
+func newLock(ns, name, app string) *locksv1.DistributedLock {
+	return &locksv1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: locksv1.DistributedLockSpec{
+			LeaseDuration: &metav1.Duration{Duration: 3 * time.Second},
+			Candidates:    locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": locksv1.LabelValue(app)}},
+		},
+	}
+}
+
+func getLock(t testing.TB, lock *locksv1.DistributedLock) *locksv1.DistributedLock {
+	t.Helper()
+	got := &locksv1.DistributedLock{}
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(lock), got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func getPod(t testing.TB, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	got := &corev1.Pod{}
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(pod), got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// holderOf is the pod name in the lock's status, "" when free.
+func holderOf(t testing.TB, lock *locksv1.DistributedLock) string {
+	if h := getLock(t, lock).Status.Holder; h != nil {
+		return h.PodName
+	}
+	return ""
+}
+
+// eventually polls cond until it holds. The bound only keeps a broken test
+// from hanging; it asserts no timing.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func lockClient(t testing.TB, id string) *redislock.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	c, err := redislock.New(rdb, redislock.Options{ID: id, WatchdogLease: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = rdb.Close()
+	})
+	return c
+}
+
+func inspect(t testing.TB, key string) redislock.LockInfo {
+	t.Helper()
+	info, err := lockClient(t, "inspector").Inspect(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
