@@ -333,4 +333,3 @@ func assertEvents(t *testing.T, ns string, reasons ...string) {
 		return true
 	})
 }
-
