@@ -21,16 +21,18 @@ type leaseTerms struct {
 // Locks with the same terms share a Client, its renewal loop and its
 // pub/sub connection.
 type LockClients struct {
-	rdb redis.UniversalClient
-	log logr.Logger
+	rdb     redis.UniversalClient
+	log     logr.Logger
+	metrics *redislock.Metrics
 
 	mu      sync.Mutex
 	clients map[leaseTerms]*redislock.Client
 }
 
-// NewLockClients returns LockClients on rdb. Close them when done.
-func NewLockClients(rdb redis.UniversalClient, log logr.Logger) *LockClients {
-	return &LockClients{rdb: rdb, log: log, clients: map[leaseTerms]*redislock.Client{}}
+// NewLockClients returns LockClients on rdb, recording library metrics in
+// metrics (which may be nil). Close them when done.
+func NewLockClients(rdb redis.UniversalClient, log logr.Logger, metrics *redislock.Metrics) *LockClients {
+	return &LockClients{rdb: rdb, log: log, metrics: metrics, clients: map[leaseTerms]*redislock.Client{}}
 }
 
 // For returns the Client for the terms, creating it on first use.
@@ -44,6 +46,7 @@ func (l *LockClients) For(terms leaseTerms) (*redislock.Client, error) {
 		WatchdogLease: terms.lease,
 		RenewInterval: terms.renew,
 		Logger:        l.log.WithName("redislock"),
+		Metrics:       l.metrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("lock client for lease %v, renewal every %v: %w", terms.lease, terms.renew, err)

@@ -126,7 +126,7 @@ func startManager(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
-	locks := controllers.NewLockClients(rdb, ctrl.Log)
+	locks := controllers.NewLockClients(rdb, ctrl.Log, nil)
 	metrics, err := controllers.NewMetrics(h.metrics)
 	if err != nil {
 		t.Fatal(err)

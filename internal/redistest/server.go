@@ -99,7 +99,8 @@ func (s *Server) waitReady(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err := rdb.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		var reply redis.Error
+		if err == nil || errors.As(err, &reply) { // any reply, even NOAUTH, means it is up
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -133,7 +133,9 @@ func (a snap) sub(b snap) snap {
 	return d
 }
 
-// cmdStats is INFO commandstats: calls per command name.
+// cmdStats is INFO commandstats: calls per command name, and under
+// "<name>#usec" the microseconds Redis spent in them (a script's time
+// includes the commands it calls, which also have their own entries).
 type cmdStats map[string]int64
 
 func readCmdStats(ctx context.Context, admin *redis.Client) (cmdStats, error) {
@@ -156,6 +158,10 @@ func readCmdStats(ctx context.Context, admin *redis.Client) (cmdStats, error) {
 			if v, ok := strings.CutPrefix(f, "calls="); ok {
 				n, _ := strconv.ParseInt(v, 10, 64)
 				st[name] = n
+			}
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				st[name+"#usec"] = n
 			}
 		}
 	}
@@ -186,6 +192,22 @@ func (d cmdStats) pubsub() int64 {
 
 func (d cmdStats) evals() int64 {
 	return d["evalsha"] + d["eval"] + d["evalsha_ro"] + d["eval_ro"]
+}
+
+// serverTime is the time Redis spent executing the commands the clients sent
+// (hook-counted), from commandstats usec. For a command name that scripts
+// also call, only the hook-counted share of its time is taken.
+func serverTime(hook snap, d cmdStats) time.Duration {
+	var usec float64
+	for name, n := range hook.byName {
+		calls := d[name]
+		if calls <= 0 {
+			continue
+		}
+		share := min(1, float64(n)/float64(calls))
+		usec += share * float64(d[name+"#usec"])
+	}
+	return time.Duration(usec * float64(time.Microsecond))
 }
 
 // sent is what one window's clients sent: hook-counted plus pub/sub.

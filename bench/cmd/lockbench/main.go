@@ -30,9 +30,8 @@ import (
 type config struct {
 	short bool
 
-	pings             int
-	pairs             int
-	uncontendedRounds int
+	pings int
+	pairs int
 
 	clients   int
 	hold      time.Duration
@@ -55,7 +54,6 @@ func parseFlags() config {
 	flag.BoolVar(&cfg.short, "short", false, "short run for CI: fewer samples, 2s contended runs, 2,000 locks (explicit flags still win)")
 	flag.IntVar(&cfg.pings, "pings", 3000, "PING samples for the RTT floor")
 	flag.IntVar(&cfg.pairs, "pairs", 3000, "uncontended Lock+Unlock pairs per library")
-	flag.IntVar(&cfg.uncontendedRounds, "uncontended-rounds", 5, "rounds the PING and pair samples are interleaved in")
 	flag.IntVar(&cfg.clients, "clients", 8, "contending clients (each its own go-redis client and lock client)")
 	flag.DurationVar(&cfg.hold, "hold", 200*time.Microsecond, "contended: how long each acquisition holds the lock")
 	flag.DurationVar(&cfg.think, "think", 500*time.Microsecond, "contended: pause after each release")
@@ -81,7 +79,6 @@ func parseFlags() config {
 		}
 		def("pings", func() { cfg.pings = 500 })
 		def("pairs", func() { cfg.pairs = 500 })
-		def("uncontended-rounds", func() { cfg.uncontendedRounds = 2 })
 		def("contended", func() { cfg.contended = 2 * time.Second })
 		def("rounds", func() { cfg.rounds = 1 })
 		def("warmup", func() { cfg.warmup = 300 * time.Millisecond })
@@ -92,8 +89,8 @@ func parseFlags() config {
 
 func (cfg config) validate() error {
 	switch {
-	case cfg.pings < 1 || cfg.pairs < 1 || cfg.uncontendedRounds < 1:
-		return errors.New("-pings, -pairs and -uncontended-rounds must be at least 1")
+	case cfg.pings < 1 || cfg.pairs < 1:
+		return errors.New("-pings and -pairs must be at least 1")
 	case cfg.clients < 2:
 		return errors.New("-clients must be at least 2")
 	case cfg.rounds < 1 || cfg.contended <= 0:
@@ -152,7 +149,7 @@ func run(ctx context.Context, cfg config) (int, error) {
 		return 0, fmt.Errorf("probe: %w", err)
 	}
 
-	progress("floor and uncontended: %d PINGs, %d pairs per library, %d interleaved rounds", cfg.pings, cfg.pairs, cfg.uncontendedRounds)
+	progress("floor and uncontended: %d PINGs and %d pairs per library, interleaved", cfg.pings, cfg.pairs)
 	unc, err := runUncontended(ctx, cfg, srv.Addr, admin)
 	if err != nil {
 		return 0, fmt.Errorf("uncontended: %w", err)

@@ -66,6 +66,11 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 		row{"uncontended Lock+Unlock", "pair / RTT", per(func(n string) string { return fmt.Sprintf("%.2f", float64(pair(n))/float64(rtt)) }),
 			fmt.Sprintf("≤ %.1f", targetPairRTT),
 			verdict(ourPairRatio <= targetPairRTT, fmt.Sprintf("%.2f × RTT, %.0f%% over", ourPairRatio, (ourPairRatio/targetPairRTT-1)*100))},
+		row{"uncontended Lock+Unlock", "of which Redis executing (commandstats usec) / the rest beyond 2 RTT", per(func(n string) string {
+			rest := pair(n) - 2*rtt - unc.server[n]
+			return fmt.Sprintf("%s / %s", fmtDur(unc.server[n]), fmtDur(rest))
+		}), "—", "—"},
+		row{"uncontended Lock+Unlock", "bench-process CPU per pair (user+sys, incl. go-redis and syscalls)", per(func(n string) string { return fmtDur(unc.cpu[n]) }), "—", "—"},
 		row{"uncontended Lock+Unlock", "pair p99", per(func(n string) string { return fmtDur(unc.pairs[n].pct(99)) }), "—", "—"},
 		row{"uncontended Lock+Unlock", "commands sent per pair", per(func(n string) string {
 			return fmt.Sprintf("%.2f", float64(unc.sent[n].total)/float64(unc.numPairs[n]))
@@ -198,8 +203,8 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 
 	// Footnotes.
 	b.WriteString("\nHow this was measured:\n\n")
-	fmt.Fprintf(&b, "- Floor and uncontended: one go-redis client; %s PINGs and %s Lock+Unlock pairs per library on one lock name, interleaved in %d rounds (library order rotating). lockwarden: Mutex.Lock/Unlock with the default watchdog lease; redsync: LockContext/UnlockContext, expiry 10s; bsm: Obtain/Release, TTL 10s.\n",
-		fmtInt(int64(cfg.pings)), fmtInt(int64(cfg.pairs)), cfg.uncontendedRounds)
+	fmt.Fprintf(&b, "- Floor and uncontended: %s PINGs and %s Lock+Unlock pairs per library on one lock name, each series on its own go-redis client, interleaved one sample at a time in rotating order so noise hits all alike. lockwarden: Mutex.Lock/Unlock with the default watchdog lease; redsync: LockContext/UnlockContext, expiry 10s; bsm: Obtain/Release, TTL 10s. Commands and Redis execution time per pair come from a separate batch of %s pairs per library, one library at a time (execution time = INFO commandstats usec of the commands the client sent; a script's time includes the calls it makes).\n",
+		fmtInt(int64(cfg.pings)), fmtInt(int64(cfg.pairs)), fmtInt(int64(unc.numPairs["lockwarden"])))
 	fmt.Fprintf(&b, "- Contended: %d goroutines, each with its own go-redis client and lock client, on one lock name: acquire (blocking), hold %v, release, think %v. %v measured per library in %d round(s) with rotating order, each after a %v unmeasured warm-up (dial, script load, SUBSCRIBE). Wait = start of the acquire call to its return (for the peers, across the caller's retries when the library gives up). Holds/thinks use nanosleep + spin (Go's time.Sleep rounds sub-ms sleeps up to ~1 ms); measured hold median: %s.\n",
 		cfg.clients, cfg.hold, cfg.think, cfg.contended, cfg.rounds, cfg.warmup, holdMedian(cont))
 	fmt.Fprintf(&b, "  - lockwarden: %s.\n  - redsync: %s.\n  - bsm: %s.\n", oursDesc, redsyncDesc, bsmRetryDesc)

@@ -16,19 +16,26 @@ type uncontendedResult struct {
 	pairs    map[string]durations
 	sent     map[string]sent
 	numPairs map[string]int
+	server   map[string]time.Duration // Redis execution time per pair
+	cpu      map[string]time.Duration // this process's CPU per pair
 }
 
 func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.Client) (*uncontendedResult, error) {
-	hook := newCounter()
-	rdb := newRedisClient(addr, hook)
-	defer rdb.Close()
+	// One go-redis client for PING and one per library, so the hooks count
+	// per library while the samples interleave.
+	pingRdb := newRedisClient(addr, nil)
+	defer pingRdb.Close()
 
 	type entry struct {
-		lib library
-		l   locker
+		lib  library
+		l    locker
+		hook *counter
 	}
 	var entries []entry
 	for _, lib := range libraries {
+		hook := newCounter()
+		rdb := newRedisClient(addr, hook)
+		defer rdb.Close()
 		newLocker, closeFn, err := lib.client(rdb)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", lib.name, err)
@@ -38,7 +45,7 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", lib.name, err)
 		}
-		entries = append(entries, entry{lib, l})
+		entries = append(entries, entry{lib, l, hook})
 	}
 
 	pair := func(l locker) (time.Duration, error) {
@@ -51,10 +58,15 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 		}
 		return time.Since(start), nil
 	}
+	ping := func() (time.Duration, error) {
+		start := time.Now()
+		err := pingRdb.Ping(ctx).Err()
+		return time.Since(start), err
+	}
 
-	// Warm up: dial, load scripts (first EVALSHA answers NOSCRIPT).
+	// Warm up: dial, load scripts (the first EVALSHA answers NOSCRIPT).
 	for range 50 {
-		if err := rdb.Ping(ctx).Err(); err != nil {
+		if _, err := ping(); err != nil {
 			return nil, err
 		}
 		for _, e := range entries {
@@ -68,51 +80,72 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 		pairs:    make(map[string]durations),
 		sent:     make(map[string]sent),
 		numPairs: make(map[string]int),
+		server:   make(map[string]time.Duration),
+		cpu:      make(map[string]time.Duration),
 	}
-	hookTotals := make(map[string]snap)
-	serverTotals := make(map[string]cmdStats)
-	rounds := max(1, cfg.uncontendedRounds)
-	pingsPer := max(1, cfg.pings/rounds)
-	pairsPer := max(1, cfg.pairs/rounds)
-	for r := range rounds {
-		for range pingsPer {
-			start := time.Now()
-			if err := rdb.Ping(ctx).Err(); err != nil {
+
+	// Latency: PINGs and pairs interleaved one by one, the order rotating,
+	// so that noise on this machine hits every series alike.
+	n := max(cfg.pings, cfg.pairs)
+	for i := range n {
+		if i%64 == 0 {
+			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			res.rtt = append(res.rtt, time.Since(start))
 		}
-		for i := range entries {
-			e := entries[(i+r)%len(entries)] // rotate the order each round
-			s0, err := readCmdStats(ctx, admin)
-			if err != nil {
-				return nil, err
-			}
-			h0 := hook.snap()
-			for range pairsPer {
-				d, err := pair(e.l)
-				if err != nil {
-					return nil, fmt.Errorf("%s: %w", e.lib.name, err)
+		for j := range len(entries) + 1 {
+			k := (i + j) % (len(entries) + 1)
+			if k == len(entries) {
+				if i < cfg.pings {
+					d, err := ping()
+					if err != nil {
+						return nil, err
+					}
+					res.rtt = append(res.rtt, d)
 				}
-				res.pairs[e.lib.name] = append(res.pairs[e.lib.name], d)
+				continue
 			}
-			h1 := hook.snap()
-			s1, err := readCmdStats(ctx, admin)
+			if i >= cfg.pairs {
+				continue
+			}
+			e := entries[k]
+			d, err := pair(e.l)
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("%s: %w", e.lib.name, err)
 			}
-			res.numPairs[e.lib.name] += pairsPer
-			hookTotals[e.lib.name] = addSnap(hookTotals[e.lib.name], h1.sub(h0))
-			serverTotals[e.lib.name] = addStats(serverTotals[e.lib.name], s1.sub(s0))
-		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
+			res.pairs[e.lib.name] = append(res.pairs[e.lib.name], d)
 		}
 	}
 	res.rtt = res.rtt.sorted()
 	for name, d := range res.pairs {
 		res.pairs[name] = d.sorted()
-		res.sent[name] = measureSent(hookTotals[name], serverTotals[name])
+	}
+
+	// Commands and Redis execution time: one library at a time, so the
+	// server-side commandstats deltas belong to it.
+	batch := max(100, min(cfg.pairs, 1000))
+	for _, e := range entries {
+		s0, err := readCmdStats(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
+		h0 := e.hook.snap()
+		c0 := selfCPU()
+		for range batch {
+			if _, err := pair(e.l); err != nil {
+				return nil, fmt.Errorf("%s: %w", e.lib.name, err)
+			}
+		}
+		res.cpu[e.lib.name] = (selfCPU() - c0) / time.Duration(batch)
+		h := e.hook.snap().sub(h0)
+		s1, err := readCmdStats(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
+		d := s1.sub(s0)
+		res.numPairs[e.lib.name] = batch
+		res.sent[e.lib.name] = measureSent(h, d)
+		res.server[e.lib.name] = serverTime(h, d) / time.Duration(batch)
 	}
 	return res, nil
 }

@@ -1,0 +1,60 @@
+package redisconn_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/internal/redisconn"
+)
+
+func TestClientFromURLWithCredentials(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", "s3cret")
+	ctx := context.Background()
+
+	good := redisconn.Config{URL: "redis://" + srv.Addr + "/0", Password: "s3cret"}
+	rdb, err := good.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping with the password: %v", err)
+	}
+	if target := good.Target(); strings.Contains(target, "s3cret") || !strings.Contains(target, srv.Addr) {
+		t.Fatalf("Target() = %q", target)
+	}
+
+	wrong := redisconn.Config{URL: "redis://:wrong@" + srv.Addr}
+	rdb2, err := wrong.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb2.Close()
+	if err := rdb2.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Fatalf("ping with a wrong password: %v, want WRONGPASS", err)
+	}
+	if strings.Contains(wrong.Target(), "wrong") {
+		t.Fatalf("Target() leaks the password: %q", wrong.Target())
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []redisconn.Config{
+		{},
+		{URL: "redis://x:1", ClusterAddrs: []string{"y:2"}},
+		{SentinelAddrs: []string{"s:26379"}},
+		{URL: "http://user:hunter2@host"},
+		{URL: "redis://h:1", CAFile: "/nonexistent/ca.pem"},
+	} {
+		_, err := c.Client()
+		if err == nil {
+			t.Errorf("Client() accepted %+v", c)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}
