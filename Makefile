@@ -6,7 +6,7 @@ LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
-KUSTOMIZE_VERSION ?= v5.8.3
+KUSTOMIZE_VERSION ?= v5.8.1
 
 export GOWORK = off
 GO ?= go
@@ -59,7 +59,7 @@ build: generate ## Build the library and the manager binary into bin/.
 ##@ Dependencies
 
 .PHONY: test-deps
-test-deps: redis envtest ## Install everything the tests need.
+test-deps: redis envtest kustomize ## Install everything the tests need.
 
 .PHONY: redis
 redis: ## Install redis-server 7.x (Debian's package) if it is missing.

@@ -320,17 +320,24 @@ func runManyPeer(ctx context.Context, cfg config, addr string, lib library) (pee
 		return p, err
 	}
 
+	extend := func(lk locker) (bool, error) {
+		switch l := lk.(type) {
+		case *redsyncLocker:
+			return l.m.ExtendContext(ctx)
+		case *bsmLocker:
+			err := l.held.Refresh(ctx, peerTTL, nil)
+			return err == nil, err
+		}
+		return false, fmt.Errorf("unknown locker %T", lk)
+	}
+	// Load the script first, so the pass has no NOSCRIPT → EVAL retry.
+	if _, err := extend(lockers[0]); err != nil {
+		return p, err
+	}
 	h0 := hook.snap()
 	start := time.Now()
 	for _, lk := range lockers {
-		var ok bool
-		switch l := lk.(type) {
-		case *redsyncLocker:
-			ok, err = l.m.ExtendContext(ctx)
-		case *bsmLocker:
-			err = l.held.Refresh(ctx, peerTTL, nil)
-			ok = err == nil
-		}
+		ok, _ := extend(lk)
 		if ctx.Err() != nil {
 			return p, ctx.Err()
 		}

@@ -75,15 +75,15 @@ func (d durations) max() time.Duration {
 	return d[len(d)-1]
 }
 
-// fmtDur prints µs below 10 ms and ms above.
+// fmtDur prints µs below 1 ms, ms below 1 s, and s above.
 func fmtDur(d time.Duration) string {
 	switch {
-	case d < 10*time.Millisecond:
+	case d < time.Millisecond:
 		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
-	case d < 10*time.Second:
+	case d < time.Second:
 		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 	default:
-		return fmt.Sprintf("%.1f s", d.Seconds())
+		return fmt.Sprintf("%.2f s", d.Seconds())
 	}
 }
 
