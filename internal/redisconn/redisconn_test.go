@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/internal/redisconn"
+	"github.com/lockwarden/lockwarden/internal/redistest"
 )
 
 func TestClientFromURLWithCredentials(t *testing.T) {
