@@ -41,7 +41,7 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		return LockInfo{}, err
 	}
 	k := keysFor(name)
-	reply, err := inspectScript.Run(ctx, c.rdb, []string{k.name, k.token, k.queue, k.queueExpiry}).Slice()
+	reply, err := inspectScript.Run(ctx, c.rdb, k.acquire).Slice()
 	if err != nil {
 		return LockInfo{}, unavailable(err)
 	}
@@ -95,7 +95,7 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	defer c.renewing.RUnlock()
 	k := keysFor(name)
 	prefix := clientID + ":"
-	n, err := forceReleaseScript.Run(ctx, c.rdb, []string{k.name, k.channel, k.queue, k.queueExpiry}, prefix).Int()
+	n, err := forceReleaseScript.Run(ctx, c.rdb, k.force, prefix).Int()
 	if err != nil {
 		return 0, unavailable(err)
 	}

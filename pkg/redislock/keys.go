@@ -23,20 +23,31 @@ const (
 	releaseMessage = "0"
 )
 
-// lockKeys are the Redis keys of one lock.
+// lockKeys are the Redis keys of one lock, and the KEYS lists of its
+// scripts, built once per Mutex rather than on every call.
 type lockKeys struct {
 	name, channel, token, queue, queueExpiry string
+
+	acquire []string // acquire.lua and inspect.lua
+	release []string // release.lua
+	leave   []string // leave.lua
+	force   []string // force_release.lua
 }
 
 func keysFor(name string) lockKeys {
 	tag := "{" + name + "}"
-	return lockKeys{
+	k := lockKeys{
 		name:        name,
 		channel:     channelPrefix + tag,
 		token:       tokenPrefix + tag,
 		queue:       queuePrefix + tag,
 		queueExpiry: queueExpiryPrefix + tag,
 	}
+	k.acquire = []string{k.name, k.token, k.queue, k.queueExpiry}
+	k.release = []string{k.name, k.channel}
+	k.leave = []string{k.name, k.queue, k.queueExpiry}
+	k.force = []string{k.name, k.channel, k.queue, k.queueExpiry}
+	return k
 }
 
 // validateName rejects names that cannot be locked safely. Braces are refused

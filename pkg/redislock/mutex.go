@@ -106,13 +106,15 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Lease, error) {
 		queueTTL = 0 // a single attempt does not queue
 	}
 
-	// Registering before the first attempt means no release message or
-	// head notice sent after the attempt can be missed, if this client is
-	// already subscribed to the lock. It costs no Redis command.
-	w := c.waits.register(m.keys.name, owner)
-	defer c.waits.unregister(w)
-
-	res, err := c.tryAcquire(ctx, m, owner, queueTTL)
+	// If this client is already subscribed to the lock, registering before
+	// the first attempt means no release message or head notice sent after
+	// it can be missed. Otherwise w is nil, and a failed attempt is retried
+	// once the subscription is confirmed. Neither costs a Redis command.
+	w := c.waits.register(&m.keys, owner)
+	if w != nil {
+		defer c.waits.unregister(w)
+	}
+	res, err := c.waits.attempt(ctx, w, m, owner, queueTTL)
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +123,10 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Lease, error) {
 	}
 	if wait == 0 {
 		return nil, ErrWaitTimeout
+	}
+	if w == nil {
+		w = newWaiter(&m.keys, owner)
+		defer c.waits.unregister(w)
 	}
 	res, err = c.waits.wait(ctx, w, m, wait, res)
 	if err != nil {
@@ -152,7 +158,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 
 	sent := time.Now()
 	remaining, err := releaseScript.Run(ctx, c.rdb,
-		[]string{m.keys.name, m.keys.channel}, string(owner), lease.Milliseconds()).Int64()
+		m.keys.release, string(owner), lease.Milliseconds()).Int64()
 	if err != nil {
 		return unavailable(err)
 	}
@@ -197,7 +203,7 @@ type acquireResult struct {
 // round trip with WAIT when Options.WaitReplicas is set.
 func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration) (acquireResult, error) {
 	lease, _ := m.leaseTerms()
-	keys := []string{m.keys.name, m.keys.token, m.keys.queue, m.keys.queueExpiry}
+	keys := m.keys.acquire
 	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, m.keys.name}
 
 	res := acquireResult{sent: time.Now()}
@@ -263,7 +269,7 @@ func (c *Client) acquireSynced(ctx context.Context, m *Mutex, owner Owner, keys 
 	if acked, _ := wait.Int64(); acked < int64(c.opts.WaitReplicas) {
 		if status, _ := reply[0].(int64); status == 1 {
 			lease, _ := m.leaseTerms()
-			_ = releaseScript.Run(ctx, c.rdb, []string{m.keys.name, m.keys.channel}, string(owner), lease.Milliseconds()).Err()
+			_ = releaseScript.Run(ctx, c.rdb, m.keys.release, string(owner), lease.Milliseconds()).Err()
 		}
 		return nil, fmt.Errorf("only %d of %d replicas acknowledged the lock within %v", acked, c.opts.WaitReplicas, c.opts.WaitReplicasTimeout)
 	}
@@ -286,7 +292,7 @@ func (c *Client) compensate(m *Mutex, owner Owner) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.RetryFallback)
 	defer cancel()
 	lease, _ := m.leaseTerms()
-	_ = releaseScript.Run(ctx, c.rdb, []string{m.keys.name, m.keys.channel}, string(owner), lease.Milliseconds()).Err()
+	_ = releaseScript.Run(ctx, c.rdb, m.keys.release, string(owner), lease.Milliseconds()).Err()
 	c.leaveQueue(ctx, m, owner)
 }
 

@@ -64,14 +64,16 @@ func (s *subscription) isConfirmed() bool {
 
 // waiter is one blocked Lock call.
 type waiter struct {
-	name  string
-	owner Owner
-	wake  chan struct{} // buffered: one pending wake-up is enough
+	name    string
+	channel string // the lock's release channel
+	owner   Owner
+	wake    chan struct{} // buffered: one pending wake-up is enough
 
 	// Guarded by waiting.mu.
-	sub     *subscription // the lock's subscription, once the waiter is on it
-	head    bool          // heads the queue, so acts on the release message
-	notices uint64        // head notices received
+	sub      *subscription // the lock's subscription, once the waiter is on it
+	head     bool          // heads the queue, so acts on the release message
+	notices  uint64        // head notices received
+	releases uint64        // release messages received
 	// listening is true when the client was already subscribed to both the
 	// lock's channel and the notice channel when the waiter registered, so
 	// it cannot have missed anything since its first attempt.
@@ -93,16 +95,23 @@ func newWaiting(c *Client) *waiting {
 	}
 }
 
-// register adds a waiter for the lock before its first attempt. It sends
+func newWaiter(keys *lockKeys, owner Owner) *waiter {
+	return &waiter{name: keys.name, channel: keys.channel, owner: owner, wake: make(chan struct{}, 1)}
+}
+
+// register adds a waiter for the lock before its first attempt, if the
+// client is subscribed to the lock; otherwise it returns nil. It sends
 // nothing to Redis: subscribing is left to wait, for attempts that fail.
-func (ws *waiting) register(name string, owner Owner) *waiter {
-	w := &waiter{name: name, owner: owner, wake: make(chan struct{}, 1)}
+func (ws *waiting) register(keys *lockKeys, owner Owner) *waiter {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	if sub := ws.locks[keysFor(name).channel]; sub != nil {
-		sub.add(w)
-		w.listening = sub.isConfirmed() && ws.notices != nil && ws.notices.isConfirmed()
+	sub := ws.locks[keys.channel]
+	if sub == nil {
+		return nil
 	}
+	w := newWaiter(keys, owner)
+	sub.add(w)
+	w.listening = sub.isConfirmed() && ws.notices != nil && ws.notices.isConfirmed()
 	return w
 }
 
@@ -142,7 +151,7 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter) ([]chan struct{}, e
 		ws.notices = &subscription{channel: ws.noticeChannel, confirmed: make(chan struct{})}
 		channels = append(channels, ws.noticeChannel)
 	}
-	lockChannel := keysFor(w.name).channel
+	lockChannel := w.channel
 	sub := ws.locks[lockChannel]
 	if sub == nil {
 		sub = &subscription{channel: lockChannel, confirmed: make(chan struct{})}
@@ -267,6 +276,7 @@ func (ws *waiting) released(channel string) {
 	defer ws.mu.Unlock()
 	if sub := ws.locks[channel]; sub != nil {
 		for _, w := range sub.waiters {
+			w.releases++
 			if w.head {
 				w.signal()
 			}
@@ -317,16 +327,24 @@ func (ws *waiting) sweep() {
 }
 
 // attempt runs one acquire for a waiter and records whether it heads the
-// queue. A head notice that arrives while the attempt is in flight is newer
-// than what the attempt can tell, so it wins.
-func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex) (acquireResult, error) {
+// queue. Messages can arrive while the attempt is in flight, before the
+// waiter knows it is the head: a head notice is newer than what the attempt
+// can tell, so it wins; a release message means the new head must retry at
+// once rather than sleep through it.
+func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex, owner Owner, queueTTL time.Duration) (acquireResult, error) {
+	if w == nil {
+		return ws.c.tryAcquire(ctx, m, owner, queueTTL)
+	}
 	ws.mu.Lock()
-	before := w.notices
+	notices, releases := w.notices, w.releases
 	ws.mu.Unlock()
-	res, err := ws.c.tryAcquire(ctx, m, w.owner, ws.c.opts.QueueTTL)
+	res, err := ws.c.tryAcquire(ctx, m, owner, queueTTL)
 	if err == nil && !res.acquired {
 		ws.mu.Lock()
-		w.head = res.head || w.notices != before
+		w.head = res.head || w.notices != notices
+		if w.head && w.releases != releases {
+			w.signal()
+		}
 		ws.mu.Unlock()
 	}
 	return res, err
@@ -337,7 +355,6 @@ func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex) (acquireRes
 func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, wait time.Duration, first acquireResult) (acquireResult, error) {
 	c := ws.c
 	ws.mu.Lock()
-	w.head = first.head
 	listening := w.listening
 	ws.mu.Unlock()
 
@@ -381,7 +398,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, wait time.Dura
 				return acquireResult{}, err
 			}
 			var err error
-			if res, err = ws.attempt(ctx, w, m); err != nil {
+			if res, err = ws.attempt(ctx, w, m, w.owner, c.opts.QueueTTL); err != nil {
 				return giveUp(err)
 			}
 			if res.acquired {
@@ -423,6 +440,6 @@ func (c *Client) fallback(pttl time.Duration) time.Duration {
 // leaveQueue takes the owner out of the lock's wait queue, passing the head
 // position on. Best effort: an entry left behind expires after QueueTTL.
 func (c *Client) leaveQueue(ctx context.Context, m *Mutex, owner Owner) {
-	_ = leaveScript.Run(ctx, c.rdb, []string{m.keys.name, m.keys.queue, m.keys.queueExpiry},
+	_ = leaveScript.Run(ctx, c.rdb, m.keys.leave,
 		string(owner), noticePrefix, m.keys.name).Err()
 }

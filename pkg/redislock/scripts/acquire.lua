@@ -24,10 +24,18 @@ if redis.call('hexists', KEYS[1], owner) == 1 then
   return {1, tonumber(redis.call('get', KEYS[2]) or 0), count}
 end
 
+local free = redis.call('exists', KEYS[1]) == 0
+if free and redis.call('exists', KEYS[3]) == 0 then
+  -- The uncontended case: a free lock and nobody queued.
+  redis.call('hincrby', KEYS[1], owner, 1)
+  redis.call('pexpire', KEYS[1], lease)
+  return {1, redis.call('incr', KEYS[2]), 1}
+end
+
 local now = now_ms()
 local head = live_head(KEYS[3], KEYS[4], now)
 
-if redis.call('exists', KEYS[1]) == 0 and (not head or head == owner) then
+if free and (not head or head == owner) then
   redis.call('hincrby', KEYS[1], owner, 1)
   redis.call('pexpire', KEYS[1], lease)
   local token = redis.call('incr', KEYS[2])
