@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,6 +78,9 @@ func TestGrantAndHandOverInOrder(t *testing.T) {
 func TestGateRemovedOnlyFromHolder(t *testing.T) {
 	startManager(t)
 	ns := newNamespace(t)
+	// The oldest candidate is neither gated nor running: it is passed over.
+	pending := createPod(t, ns, "run-0", "job", func(p *corev1.Pod) { p.Spec.SchedulingGates = nil })
+	setPhase(t, getPod(t, pending), corev1.PodPending)
 	first := createPod(t, ns, "run-1", "job", gatedPod)
 	second := createPod(t, ns, "run-2", "job", gatedPod)
 	lock := createLock(t, ns, "singleton", "job")
@@ -87,6 +92,9 @@ func TestGateRemovedOnlyFromHolder(t *testing.T) {
 	}
 	if w := getLock(t, lock).Status.Waiting; fmt.Sprint(w) != "[run-2]" {
 		t.Fatalf("waiting = %v, want [run-2]", w)
+	}
+	if marked(getPod(t, pending)) {
+		t.Fatal("a pending pod without the gate was marked")
 	}
 	// Still gated after a while: the gate is not lifted by anything else.
 	time.Sleep(300 * time.Millisecond)
@@ -171,6 +179,7 @@ func TestFinalizerReleasesRedis(t *testing.T) {
 		t.Fatal("the lock is still held in Redis after its resource was deleted")
 	}
 	eventually(t, "pod a to be unmarked", func() bool { return !marked(getPod(t, a)) })
+	assertEvents(t, ns, "Released")
 }
 
 func TestAdoptionAfterManagerRestart(t *testing.T) {
@@ -219,6 +228,50 @@ func TestNoAPIWritesWhileHeldSteadily(t *testing.T) {
 	info := inspect(t, ns+"/leader")
 	if !info.Held() || info.TTL <= 0 || holderOf(t, lock) != "a" {
 		t.Fatalf("the lock was not kept: %+v", info)
+	}
+}
+
+// TestLostLeaseReported takes the lock away from the controller behind its
+// back: the watchdog's renewal finds another owner, the controller reports
+// the loss, and grants the lock again once it is free.
+func TestLostLeaseReported(t *testing.T) {
+	h := startManager(t)
+	ns := newNamespace(t)
+	a := createPod(t, ns, "a", "web")
+	lock := createLock(t, ns, "leader", "web", func(l *locksv1.DistributedLock) {
+		l.Spec.LeaseDuration = &metav1.Duration{Duration: time.Second}
+	})
+	eventually(t, "pod a to hold the lock", func() bool { return holderOf(t, lock) == "a" })
+	token := getLock(t, lock).Status.Holder.Token
+	if got := metricValue(t, h, "lockwarden_lock_held", ns); got != 1 {
+		t.Fatalf("lockwarden_lock_held = %v, want 1", got)
+	}
+
+	// An operator force-releases the pod's hold directly in Redis.
+	if _, err := lockClient(t, "operator").ForceRelease(context.Background(), ns+"/leader", string(a.UID)); err != nil {
+		t.Fatal(err)
+	}
+	assertEvents(t, ns, "Lost")
+	eventually(t, "the lock to be granted again", func() bool {
+		st := getLock(t, lock).Status
+		return st.Holder != nil && st.Holder.PodName == "a" && st.Holder.Token > token
+	})
+}
+
+func TestPrinterColumns(t *testing.T) {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Name: "distributedlocks.locks.lockwarden.dev"}, crd); err != nil {
+		t.Fatal(err)
+	}
+	if got := crd.Spec.Names.ShortNames; fmt.Sprint(got) != "[dlock]" {
+		t.Errorf("short names = %v, want [dlock]", got)
+	}
+	var columns []string
+	for _, c := range crd.Spec.Versions[0].AdditionalPrinterColumns {
+		columns = append(columns, fmt.Sprintf("%s:%d", c.Name, c.Priority))
+	}
+	if fmt.Sprint(columns) != "[Key:0 Holder:0 Token:0 Waiting:0 Lease:1 Age:0]" {
+		t.Errorf("printer columns = %v, want key, holder, token, waiting, age, and the lease in -o wide", columns)
 	}
 }
 
@@ -290,6 +343,28 @@ func TestBadSpecsRefusedAtAdmission(t *testing.T) {
 			t.Fatalf("default lease = %v, want 30s", got)
 		}
 	})
+}
+
+// metricValue sums a gauge or counter over its series for one namespace in
+// the manager's registry.
+func metricValue(t *testing.T, h *harness, name, namespace string) float64 {
+	t.Helper()
+	families, err := h.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == "namespace" && l.GetValue() == namespace }) {
+				sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 func gated(pod *corev1.Pod) bool {
