@@ -7,6 +7,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -30,6 +31,8 @@ type Server struct {
 	args []string
 	cmd  *exec.Cmd
 	exit chan struct{}
+	// tls is the client TLS configuration of a TLS-only server.
+	tls *tls.Config
 }
 
 // Start starts a redis-server for the test and stops it at cleanup. extra
@@ -47,6 +50,14 @@ func Start(t testing.TB, extra ...string) *Server {
 // StartServer starts a redis-server with its files in dir, for callers
 // without a testing.TB, such as TestMain or benchmarks. Call Stop when done.
 func StartServer(dir string, extra ...string) (*Server, error) {
+	return startServer(dir, nil, func(port int) []string {
+		return append([]string{"--port", strconv.Itoa(port)}, extra...)
+	})
+}
+
+// startServer starts redis-server with the common arguments and those
+// portArgs gives for the chosen port; clientTLS, if set, is how to reach it.
+func startServer(dir string, clientTLS *tls.Config, portArgs func(port int) []string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, errors.New("redistest: redis-server is not on PATH; run `make test`, or hack/install-redis.sh, to install it")
@@ -57,13 +68,13 @@ func StartServer(dir string, extra ...string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, tls: clientTLS}
 		s.args = append([]string{
-			"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
+			"--bind", "127.0.0.1",
 			"--dir", dir, "--save", "", "--appendonly", "no",
 			"--enable-debug-command", "yes", "--protected-mode", "no",
 			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)),
-		}, extra...)
+		}, portArgs(port)...)
 		if lastErr = s.start(bin); lastErr == nil {
 			return s, nil
 		}
@@ -86,7 +97,7 @@ func (s *Server) start(bin string) error {
 }
 
 func (s *Server) waitReady(timeout time.Duration) error {
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, TLSConfig: s.tls})
 	defer rdb.Close()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -113,7 +124,7 @@ func (s *Server) waitReady(timeout time.Duration) error {
 
 // Client returns a go-redis client for the server, closed at cleanup.
 func (s *Server) Client(t testing.TB) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr})
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, TLSConfig: s.tls})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }

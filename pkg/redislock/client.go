@@ -117,6 +117,9 @@ func (o *Options) margin(lease time.Duration) time.Duration {
 type Client struct {
 	rdb  redis.UniversalClient
 	opts Options
+	pod  Pod // set by FromEnv
+	// ownedRedis is the Redis client FromEnv opened, closed by Close.
+	ownedRedis redis.UniversalClient
 
 	ownerSeq atomic.Uint64
 	closed   atomic.Bool
@@ -134,6 +137,7 @@ type Client struct {
 
 // New returns a Client on rdb, which may be a standalone, Sentinel (failover)
 // or Cluster client. The Client does not own rdb: Close does not close it.
+// In a pod, FromEnv builds both from the environment.
 func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 	if rdb == nil {
 		return nil, errors.New("redislock: New needs a redis client")
@@ -177,6 +181,9 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	for _, l := range leases {
 		c.end(l, ErrClosed)
+	}
+	if c.ownedRedis != nil {
+		return c.ownedRedis.Close()
 	}
 	return nil
 }
