@@ -15,14 +15,13 @@ import (
 type candidate struct {
 	terms   chan redislock.Term // each term as it starts
 	stopped chan error          // each term's end cause
-	cancel  context.CancelFunc
 	done    chan error
 	result  func() error // stops the election and returns what RunElection did
 }
 
 func campaign(t *testing.T, c *redislock.Client, name string) *candidate {
 	ctx, cancel := context.WithCancel(context.Background())
-	cand := &candidate{terms: make(chan redislock.Term, 10), stopped: make(chan error, 10), cancel: cancel, done: make(chan error, 1)}
+	cand := &candidate{terms: make(chan redislock.Term, 10), stopped: make(chan error, 10), done: make(chan error, 1)}
 	go func() {
 		cand.done <- c.RunElection(ctx, redislock.Election{
 			Name: name,
