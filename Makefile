@@ -46,8 +46,9 @@ test: test-deps manifests generate vet ## Run every test, with the race detector
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test $(GOTEST_FLAGS) ./...
 
 .PHONY: bench
-bench: test-deps ## Print the benchmark table: lockwarden against redsync and bsm/redislock on one local redis-server.
+bench: test-deps ## Print the benchmark tables: the library against redsync and bsm/redislock, the controller at scale, and failover against client-go's election.
 	cd bench && $(GO) run ./cmd/lockbench $(BENCH_FLAGS)
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./controllers/ ./internal/failover/
 
 ##@ Build
 

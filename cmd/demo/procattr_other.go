@@ -1,0 +1,14 @@
+//go:build !linux
+
+package main
+
+import "syscall"
+
+// childAttrs puts a child in its own process group, so a Ctrl-C at the
+// terminal reaches only the demo, which then stops the child in order.
+func childAttrs() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}
+
+// setprivPath is empty: there is no parent-death signal to set.
+const setprivPath = ""
