@@ -82,7 +82,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return r.reconcileDelete(ctx, lock)
 	}
 	if !controllerutil.ContainsFinalizer(lock, locksv1.Finalizer) {
-		patch := client.MergeFrom(lock.DeepCopy())
+		patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(lock, locksv1.Finalizer)
 		if err := r.Patch(ctx, lock, patch); err != nil {
 			return ctrl.Result{}, err
@@ -167,7 +167,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *l
 	if err := r.markPods(ctx, lock, nil); err != nil {
 		return ctrl.Result{}, err
 	}
-	patch := client.MergeFrom(lock.DeepCopy())
+	patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(lock, locksv1.Finalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, lock, patch))
 }

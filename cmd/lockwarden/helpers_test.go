@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,7 +61,6 @@ const hangGuard = 20 * time.Second
 // fixture is a test's Redis server, the pod lockwarden runs as, and a
 // client of the test's own for holding and inspecting locks.
 type fixture struct {
-	t      *testing.T
 	srv    *redistest.Server
 	podUID string
 	client *redislock.Client
@@ -75,7 +75,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	f := &fixture{t: t, srv: srv, podUID: newUUID(t), client: client}
+	f := &fixture{srv: srv, podUID: newUUID(t), client: client}
 	f.env = []string{
 		"PATH=" + os.Getenv("PATH"),
 		"REDIS_URL=redis://" + srv.Addr,
@@ -97,26 +97,31 @@ func newUUID(t *testing.T) string {
 // proc is a running lockwarden.
 type proc struct {
 	cmd    *exec.Cmd
-	stdout <-chan string // CMD's (or the usage's) output, by line
-	exit   <-chan int    // lockwarden's exit status, once it exited
-	stderr *bytes.Buffer // read only after exit
+	stdin  io.WriteCloser // CMD's stdin
+	stdout <-chan string  // CMD's (or the usage's) output, by line
+	exit   <-chan int     // lockwarden's exit status, once it exited
+	stderr *bytes.Buffer  // read only after exit
 }
 
 // start runs the lockwarden binary with args and f.env.
-func (f *fixture) start(args ...string) *proc {
-	f.t.Helper()
+func (f *fixture) start(t *testing.T, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(binary, args...)
 	cmd.Env = f.env
 	stderr := &bytes.Buffer{}
 	cmd.Stderr = stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
-	f.t.Cleanup(func() { _ = cmd.Process.Kill() }) // in case a test failed before it exited
+	t.Cleanup(func() { _ = cmd.Process.Kill() }) // in case a test failed before it exited
 	lines := make(chan string, 100)
 	exit := make(chan int, 1)
 	go func() {
@@ -136,13 +141,13 @@ func (f *fixture) start(args ...string) *proc {
 			exit <- -1
 		}
 	}()
-	return &proc{cmd: cmd, stdout: lines, exit: exit, stderr: stderr}
+	return &proc{cmd: cmd, stdin: stdin, stdout: lines, exit: exit, stderr: stderr}
 }
 
 // run runs lockwarden to completion and returns its exit status and stderr.
-func (f *fixture) run(args ...string) (int, string) {
-	f.t.Helper()
-	return f.start(args...).wait(f.t)
+func (f *fixture) run(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	return f.start(t, args...).wait(t)
 }
 
 // line returns the next line of output.
@@ -179,24 +184,26 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 	}
 }
 
-// hold takes the lock with the fixture's client, as another pod would.
-func (f *fixture) hold(name string) *redislock.Mutex {
-	f.t.Helper()
+// hold takes the lock with the fixture's client, as another pod would,
+// until the test ends or it unlocks the Mutex.
+func (f *fixture) hold(t *testing.T, name string) *redislock.Mutex {
+	t.Helper()
 	m, err := f.client.NewMutex(name, nil)
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if _, err := m.Lock(context.Background()); err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = m.Unlock(context.Background()) })
 	return m
 }
 
-func (f *fixture) inspect(name string) redislock.LockInfo {
-	f.t.Helper()
+func (f *fixture) inspect(t *testing.T, name string) redislock.LockInfo {
+	t.Helper()
 	info, err := f.client.Inspect(context.Background(), name)
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return info
 }
@@ -206,10 +213,10 @@ func (f *fixture) heldByPod(info redislock.LockInfo) bool {
 	return len(info.Holders) == 1 && strings.HasPrefix(string(info.Holders[0].Owner), f.podUID+":")
 }
 
-func (f *fixture) wantFree(name string) {
-	f.t.Helper()
-	if info := f.inspect(name); info.Held() || len(info.Waiters) > 0 {
-		f.t.Fatalf("lock %s not left free: %+v", name, info)
+func (f *fixture) wantFree(t *testing.T, name string) {
+	t.Helper()
+	if info := f.inspect(t, name); info.Held() || len(info.Waiters) > 0 {
+		t.Fatalf("lock %s not left free: %+v", name, info)
 	}
 }
 
@@ -225,12 +232,22 @@ func wantExit(t *testing.T, code int, stderr string, want int, wantStderr ...str
 	}
 }
 
-// marker returns a path CMD can touch to show that it ran.
-func marker(t *testing.T) string { return filepath.Join(t.TempDir(), "ran") }
+// drain returns the rest of the output, after lockwarden exited.
+func drain(p *proc) []string {
+	var lines []string
+	for line := range p.stdout {
+		lines = append(lines, line)
+	}
+	return lines
+}
 
-func wantRan(t *testing.T, path string, want bool) {
+func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	if _, err := os.Stat(path); (err == nil) != want {
-		t.Fatalf("CMD ran: %v, want %v", err == nil, want)
+	deadline := time.Now().Add(hangGuard)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

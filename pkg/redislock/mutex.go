@@ -202,6 +202,9 @@ type acquireResult struct {
 // tryAcquire runs the acquire script once: one round trip, or one pipelined
 // round trip with WAIT when Options.WaitReplicas is set.
 func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration) (acquireResult, error) {
+	if err := ctx.Err(); err != nil {
+		return acquireResult{}, err // nothing sent, nothing to undo
+	}
 	lease, _ := m.leaseTerms()
 	keys := m.keys.acquire
 	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, m.keys.name}
