@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -95,4 +96,23 @@ func TestLostLeaseWhenRedisSleeps(t *testing.T) {
 
 func TestLostLeaseWhenRedisStops(t *testing.T) {
 	testLostLease(t, func(t *testing.T, srv *redistest.Server) { srv.Stop() })
+}
+
+// TestLostLeaseWhenRedisRestartsEmpty restarts a Redis without persistence
+// under a held lock: the lock is gone, and the holder's next renewal tells
+// it so.
+func TestLostLeaseWhenRedisRestartsEmpty(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv.Client(t), redislock.Options{WatchdogLease: time.Second})
+	lease := mustLock(t, testContext(t), newMutex(t, c, lockName(t), nil))
+	srv.Stop()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, lease.Done(), 10*time.Second, "the lost-lease signal after a restart")
+	// Either the renewal answered "not owner" or, if no renewal got
+	// through in time, the deadline passed; both mean it is lost.
+	if err := lease.Err(); !errors.Is(err, redislock.ErrNotOwner) && !errors.Is(err, redislock.ErrLeaseLost) {
+		t.Fatalf("lease ended with %v", err)
+	}
 }

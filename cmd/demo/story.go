@@ -1,0 +1,681 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// namespace is where the story's objects live.
+const namespace = "demo"
+
+// Bounds that only keep a broken demo from hanging; they assert no timing.
+const (
+	waitTimeout  = 20 * time.Second
+	pollInterval = 50 * time.Millisecond
+)
+
+// maxHandover is what the handover check allows, from the leader pod's
+// deletion to the new holder in the lock's status.
+const maxHandover = time.Second
+
+type options struct {
+	manager     string // the manager binary; "" for bin/manager
+	keepRunning bool
+}
+
+// checkError is a fact of the story that did not hold.
+type checkError struct {
+	what, expected, got string
+}
+
+func (e *checkError) Error() string {
+	return fmt.Sprintf("check failed: %s\n  expected: %s\n  got:      %s", e.what, e.expected, e.got)
+}
+
+// run plays the story, writing it to out. It returns nil only if every
+// check held, and it stops everything it started before returning.
+func run(ctx context.Context, out io.Writer, opts options) (err error) {
+	ctrl.SetLogger(logr.Discard()) // envtest logs through controller-runtime
+	began := time.Now()
+	e := &env{out: out}
+	d := &demo{out: out, e: e}
+	defer func() {
+		if err != nil {
+			if ctx.Err() != nil {
+				fmt.Fprintln(out, "\nInterrupted.")
+			} else {
+				fmt.Fprintf(out, "\nFAILED: %v\n", err)
+				if tail := e.managerLogTail(30); tail != "" {
+					fmt.Fprintf(out, "\nThe manager's log ends with:\n%s\n", tail)
+				}
+			}
+		}
+		fmt.Fprint(out, "\nStopping the manager, redis and the control plane... ")
+		e.close()
+		fmt.Fprintln(out, "done.")
+	}()
+
+	d.section("A local control plane, Redis and the controller")
+	if err := startEnv(ctx, e, opts); err != nil {
+		return err
+	}
+	d.k = &kubectl{out: out, bin: e.kubectl, dir: e.root, env: e.kubectlEnv()}
+	for _, step := range []func(context.Context) error{d.leaderElection, d.guardedRun, d.handover, d.inPodClient, d.summary} {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(out, "\nAll checks passed in %.1fs.\n", time.Since(began).Seconds())
+	if opts.keepRunning {
+		fmt.Fprintf(out, "\nEverything keeps running. In another shell:\n  export KUBECONFIG=%s\n  %s get dlock\nPress Ctrl-C to stop.\n", e.kubeconfig, e.kubectl)
+		<-ctx.Done()
+	}
+	return nil
+}
+
+// demo is the story's state.
+type demo struct {
+	out     io.Writer
+	e       *env
+	k       *kubectl
+	n       int
+	leaderT int64 // web-1's fencing token
+	fresh   bool  // nothing was printed since the section header
+}
+
+func (d *demo) section(title string) {
+	d.n++
+	fmt.Fprintf(d.out, "\n== %d. %s ==\n\n", d.n, title)
+	d.fresh = true
+}
+
+// say prints an explanation.
+func (d *demo) say(lines ...string) {
+	if !d.fresh {
+		fmt.Fprintln(d.out)
+	}
+	d.fresh = false
+	for _, l := range lines {
+		fmt.Fprintln(d.out, l)
+	}
+}
+
+// ok prints a fact that was checked.
+func (d *demo) ok(format string, args ...any) {
+	fmt.Fprintf(d.out, "✓ "+format+"\n", args...)
+}
+
+func (d *demo) lock(ctx context.Context, name string) (*locksv1.DistributedLock, error) {
+	lock := &locksv1.DistributedLock{}
+	return lock, d.k.getJSON(ctx, lock, "dlock", name)
+}
+
+func (d *demo) pod(ctx context.Context, name string) (*corev1.Pod, error) {
+	pod := &corev1.Pod{}
+	return pod, d.k.getJSON(ctx, pod, "pod", name)
+}
+
+// waitFor polls cond until it holds. cond describes what it observed, for
+// the failure message.
+func (d *demo) waitFor(ctx context.Context, what, expected string, cond func() (bool, string, error)) error {
+	deadline := time.Now().Add(waitTimeout)
+	got := "nothing yet"
+	for {
+		done, observed, err := cond()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		switch {
+		case err != nil:
+			got = err.Error()
+		case done:
+			return nil
+		default:
+			got = observed
+		}
+		if time.Now().After(deadline) {
+			return &checkError{what: what + fmt.Sprintf(" (waited %v)", waitTimeout), expected: expected, got: got}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+// waitForHolder waits until the lock's status names the pod as holder, and
+// the waiting list is as given.
+func (d *demo) waitForHolder(ctx context.Context, lockName, pod string, waiting ...string) (*locksv1.DistributedLock, error) {
+	var lock *locksv1.DistributedLock
+	expected := fmt.Sprintf("holder %s, waiting %v", orNone(pod), waiting)
+	err := d.waitFor(ctx, "the status of DistributedLock "+lockName, expected, func() (bool, string, error) {
+		var err error
+		if lock, err = d.lock(ctx, lockName); err != nil {
+			return false, "", err
+		}
+		got := fmt.Sprintf("holder %s, waiting %v", orNone(holderName(lock)), lock.Status.Waiting)
+		return got == expected, got, nil
+	})
+	return lock, err
+}
+
+func holderName(lock *locksv1.DistributedLock) string {
+	if lock.Status.Holder == nil {
+		return ""
+	}
+	return lock.Status.Holder.PodName
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}
+
+func markRunning(name string) []string { return setPhase(name, corev1.PodRunning) }
+
+func setPhase(name string, phase corev1.PodPhase) []string {
+	return []string{"patch", "pod", name, "--subresource=status", "--type=merge", "-p", fmt.Sprintf(`{"status":{"phase":%q}}`, phase)}
+}
+
+// annotationsTemplate lists a pod's annotations one a line.
+const annotationsTemplate = `go-template={{range $k, $v := .metadata.annotations}}{{$k}}={{$v}}{{"\n"}}{{end}}`
+
+// checkMarks checks that pod is marked as the holder of lock with token, or
+// unmarked if lock is "".
+func checkMarks(pod *corev1.Pod, lock string, token int64) error {
+	what := "the holder marks on pod " + pod.Name
+	if lock == "" {
+		var left []string
+		if v, ok := pod.Labels[locksv1.HolderLabel]; ok {
+			left = append(left, locksv1.HolderLabel+"="+v)
+		}
+		for _, a := range []string{locksv1.LockAnnotation, locksv1.TokenAnnotation, locksv1.SinceAnnotation} {
+			if v, ok := pod.Annotations[a]; ok {
+				left = append(left, a+"="+v)
+			}
+		}
+		if len(left) > 0 {
+			return &checkError{what: what, expected: "none", got: strings.Join(left, ", ")}
+		}
+		return nil
+	}
+	want := fmt.Sprintf("label %s=%s, annotations %s=%s %s=%d and %s (RFC 3339)",
+		locksv1.HolderLabel, lock, locksv1.LockAnnotation, lock, locksv1.TokenAnnotation, token, locksv1.SinceAnnotation)
+	got := fmt.Sprintf("label %s=%q, annotations %s=%q %s=%q %s=%q",
+		locksv1.HolderLabel, pod.Labels[locksv1.HolderLabel], locksv1.LockAnnotation, pod.Annotations[locksv1.LockAnnotation],
+		locksv1.TokenAnnotation, pod.Annotations[locksv1.TokenAnnotation], locksv1.SinceAnnotation, pod.Annotations[locksv1.SinceAnnotation])
+	_, sinceErr := time.Parse(time.RFC3339, pod.Annotations[locksv1.SinceAnnotation])
+	if pod.Labels[locksv1.HolderLabel] != lock || pod.Annotations[locksv1.LockAnnotation] != lock ||
+		pod.Annotations[locksv1.TokenAnnotation] != strconv.FormatInt(token, 10) || sinceErr != nil {
+		return &checkError{what: what, expected: want, got: got}
+	}
+	return nil
+}
+
+func gated(pod *corev1.Pod) bool {
+	return slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
+		return g.Name == locksv1.SchedulingGate
+	})
+}
+
+// 2. Leader election.
+func (d *demo) leaderElection(ctx context.Context) error {
+	d.section("Leader election: the lock is granted to one of three pods")
+	d.say("A DistributedLock named leader: the controller grants it to one pod labelled app=web",
+		"at a time, oldest first, holds it in Redis for that pod, and labels the pod so a",
+		"Service can route to the leader.")
+	if _, err := d.k.apply(ctx, `
+apiVersion: locks.lockwarden.dev/v1alpha1
+kind: DistributedLock
+metadata:
+  name: leader
+spec:
+  leaseDuration: 10s
+  candidates:
+    matchLabels:
+      app: web
+`); err != nil {
+		return err
+	}
+	d.say("Three candidate pods, created in this order:")
+	for _, name := range []string{"web-1", "web-2", "web-3"} {
+		if _, err := d.k.run(ctx, "run", name, "--image=registry.example/web:1.0", "--labels=app=web"); err != nil {
+			return err
+		}
+	}
+	d.say("No kubelet runs here, so the demo plays its part and marks them Running (a candidate",
+		"without the scheduling gate must be Running to be granted the lock):")
+	for _, name := range []string{"web-1", "web-2", "web-3"} {
+		if _, err := d.k.run(ctx, markRunning(name)...); err != nil {
+			return err
+		}
+	}
+	lock, err := d.waitForHolder(ctx, "leader", "web-1", "web-2", "web-3")
+	if err != nil {
+		return err
+	}
+	d.leaderT = lock.Status.Holder.Token
+	if err := d.waitFor(ctx, "the holder marks on web-1", "label "+locksv1.HolderLabel+"=leader", func() (bool, string, error) {
+		pod, err := d.pod(ctx, "web-1")
+		if err != nil {
+			return false, "", err
+		}
+		return pod.Labels[locksv1.HolderLabel] == "leader", fmt.Sprintf("labels %v", pod.Labels), nil
+	}); err != nil {
+		return err
+	}
+
+	d.say("The grant, as users see it:")
+	if _, err := d.k.run(ctx, "get", "dlock"); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "pods", "-l", "app=web", "--show-labels"); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "pod", "web-1", "-o", annotationsTemplate); err != nil {
+		return err
+	}
+	for _, name := range []string{"web-1", "web-2", "web-3"} {
+		pod, err := d.pod(ctx, name)
+		if err != nil {
+			return err
+		}
+		lockName := ""
+		if name == "web-1" {
+			lockName = "leader"
+		}
+		if err := checkMarks(pod, lockName, d.leaderT); err != nil {
+			return err
+		}
+	}
+	if !lock.Status.Holder.GrantedByController || lock.Status.Holder.OwnerID != lock.Status.Holder.PodUID+":0" {
+		return &checkError{what: "the holder of leader", expected: "held by the controller as <web-1 UID>:0",
+			got: fmt.Sprintf("owner %s, grantedByController=%t", lock.Status.Holder.OwnerID, lock.Status.Holder.GrantedByController)}
+	}
+	d.ok("web-1 holds leader (fencing token %d), labelled and annotated; web-2 and web-3 wait, in that order", d.leaderT)
+	return nil
+}
+
+// podColumns shows each pod's gates, holder label and phase.
+var podColumns = "custom-columns=NAME:.metadata.name,GATES:.spec.schedulingGates[*].name,HOLDER:.metadata.labels.lockwarden\\.dev/holder,PHASE:.status.phase"
+
+func runPod(name string) string {
+	return fmt.Sprintf(`
+apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  labels:
+    job: nightly
+spec:
+  schedulingGates:
+  - name: lockwarden.dev/lock
+  restartPolicy: Never
+  containers:
+  - name: billing
+    image: registry.example/billing:2.0
+`, name)
+}
+
+// 3. A guarded CronJob run.
+func (d *demo) guardedRun(ctx context.Context) error {
+	d.section("A guarded CronJob run: gated until it holds the lock")
+	d.say("A job that must never run twice at once. Its lock has the explicit key nightly,",
+		"shared by every DistributedLock naming it, in any namespace or cluster on this Redis.",
+		"Its pods (from a CronJob's template, say) are created behind the scheduling gate",
+		"lockwarden.dev/lock: the scheduler leaves them alone until the controller grants one",
+		"the lock and removes its gate.")
+	if _, err := d.k.apply(ctx, `
+apiVersion: locks.lockwarden.dev/v1alpha1
+kind: DistributedLock
+metadata:
+  name: nightly
+spec:
+  key: nightly
+  leaseDuration: 10s
+  candidates:
+    matchLabels:
+      job: nightly
+`+"---"+runPod("run-1")); err != nil {
+		return err
+	}
+	if _, err := d.waitForHolder(ctx, "nightly", "run-1"); err != nil {
+		return err
+	}
+	d.say("The next run's pod is created while run-1 still holds the lock:")
+	if _, err := d.k.apply(ctx, runPod("run-2")); err != nil {
+		return err
+	}
+	lock, err := d.waitForHolder(ctx, "nightly", "run-1", "run-2")
+	if err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "pods", "-l", "job=nightly", "-o", podColumns); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "dlock", "nightly"); err != nil {
+		return err
+	}
+	run1, err := d.pod(ctx, "run-1")
+	if err != nil {
+		return err
+	}
+	run2, err := d.pod(ctx, "run-2")
+	if err != nil {
+		return err
+	}
+	if gated(run1) || !gated(run2) {
+		return &checkError{what: "the scheduling gates", expected: "run-1 ungated, run-2 gated",
+			got: fmt.Sprintf("run-1 gates %v, run-2 gates %v", run1.Spec.SchedulingGates, run2.Spec.SchedulingGates)}
+	}
+	if lock.Status.Key != "nightly" {
+		return &checkError{what: "the key of nightly", expected: "nightly", got: lock.Status.Key}
+	}
+	if err := checkMarks(run1, "nightly", lock.Status.Holder.Token); err != nil {
+		return err
+	}
+	if err := checkMarks(run2, "", 0); err != nil {
+		return err
+	}
+	d.ok("run-1 holds nightly and was ungated; run-2 stays gated while run-1 holds it")
+
+	d.say("run-1 starts and then completes (the scheduler's and kubelet's part, played by the demo):")
+	if _, err := d.k.run(ctx, markRunning("run-1")...); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, setPhase("run-1", corev1.PodSucceeded)...); err != nil {
+		return err
+	}
+	if _, err := d.waitForHolder(ctx, "nightly", "run-2"); err != nil {
+		return err
+	}
+	if err := d.waitFor(ctx, "run-2's scheduling gate", "removed", func() (bool, string, error) {
+		pod, err := d.pod(ctx, "run-2")
+		if err != nil {
+			return false, "", err
+		}
+		return !gated(pod), fmt.Sprintf("gates %v", pod.Spec.SchedulingGates), nil
+	}); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "pods", "-l", "job=nightly", "-o", podColumns); err != nil {
+		return err
+	}
+	d.ok("run-1 completed, so run-2 got the lock and was ungated: the runs never overlapped")
+	return nil
+}
+
+// 4. Handover.
+func (d *demo) handover(ctx context.Context) error {
+	d.section("Handover: the leader goes away")
+	d.say("web-1 is deleted (a rolling update, a drained node). The controller sees the pod event,",
+		"releases the lock in Redis and grants it to the next candidate in the same reconcile;",
+		"it does not wait for the 10s lease to run out. Two watches time it, one on the pod and",
+		"one on the lock:")
+	podArgs := []string{"get", "pods", "--field-selector=metadata.name=web-1", "--watch", "--output-watch-events", "-o", `jsonpath={.type}{"\n"}`}
+	lockArgs := []string{"get", "dlock", "leader", "--watch", "-o", `jsonpath={.status.holder.podName}{"\n"}`}
+	fmt.Fprintf(d.out, "$ kubectl %s &\n$ kubectl %s &\n", shellJoin(podArgs), shellJoin(lockArgs))
+	podWatch, err := d.k.watch(ctx, podArgs...)
+	if err != nil {
+		return err
+	}
+	defer podWatch.close()
+	lockWatch, err := d.k.watch(ctx, lockArgs...)
+	if err != nil {
+		return err
+	}
+	defer lockWatch.close()
+	// Both watches have listed the current state, so they see what follows.
+	if _, _, err := podWatch.next(ctx, waitTimeout, func(s string) bool { return s == "ADDED" }); err != nil {
+		return fmt.Errorf("the watch on web-1: %w", err)
+	}
+	if _, _, err := lockWatch.next(ctx, waitTimeout, func(s string) bool { return s == "web-1" }); err != nil {
+		return fmt.Errorf("the watch on leader: %w", err)
+	}
+
+	sent := time.Now()
+	if _, err := d.k.run(ctx, "delete", "pod", "web-1", "--wait=false"); err != nil {
+		return err
+	}
+	returned := time.Now()
+	deleted, _, err := podWatch.next(ctx, waitTimeout, func(s string) bool { return s == "DELETED" })
+	if err != nil {
+		return &checkError{what: "the pod watch", expected: "DELETED web-1", got: err.Error()}
+	}
+	granted, seen, err := lockWatch.next(ctx, waitTimeout, func(s string) bool { return s == "web-2" })
+	if err != nil {
+		var texts []string
+		for _, l := range seen {
+			texts = append(texts, orNone(l.text))
+		}
+		return &checkError{what: "the lock watch", expected: "holder web-2", got: fmt.Sprintf("%v (holders seen: %v)", err, texts)}
+	}
+	ms := func(t time.Time) string { return fmt.Sprintf("%+6dms", t.Sub(sent).Milliseconds()) }
+	fmt.Fprintf(d.out, "  %s  kubectl delete started\n", ms(sent))
+	fmt.Fprintf(d.out, "  %s  pod watch: web-1 DELETED\n", ms(deleted.at))
+	fmt.Fprintf(d.out, "  %s  kubectl delete returned\n", ms(returned))
+	fmt.Fprintf(d.out, "  %s  lock watch: holder web-2\n", ms(granted.at))
+	handover := granted.at.Sub(deleted.at)
+
+	lock, err := d.waitForHolder(ctx, "leader", "web-2", "web-3")
+	if err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "dlock", "leader"); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "pods", "-l", "app=web", "-L", locksv1.HolderLabel); err != nil {
+		return err
+	}
+	if handover >= maxHandover {
+		return &checkError{what: "the handover time", expected: "under " + maxHandover.String(), got: handover.String()}
+	}
+	if lock.Status.Holder.Token <= d.leaderT {
+		return &checkError{what: "the fencing token", expected: fmt.Sprintf("above web-1's %d", d.leaderT), got: strconv.FormatInt(lock.Status.Holder.Token, 10)}
+	}
+	if err := d.waitFor(ctx, "the holder marks on web-2", "label "+locksv1.HolderLabel+"=leader", func() (bool, string, error) {
+		pod, err := d.pod(ctx, "web-2")
+		if err != nil {
+			return false, "", err
+		}
+		return checkMarks(pod, "leader", lock.Status.Holder.Token) == nil, fmt.Sprintf("labels %v, annotations %v", pod.Labels, pod.Annotations), nil
+	}); err != nil {
+		return err
+	}
+	d.ok("web-2 took over leader %dms after web-1's deletion (fencing token %d -> %d)",
+		handover.Milliseconds(), d.leaderT, lock.Status.Holder.Token)
+	return nil
+}
+
+// 5. An in-pod client.
+func (d *demo) inPodClient(ctx context.Context) error {
+	d.section("An in-pod client holds a lock")
+	d.say("Code in a pod can take locks itself with pkg/redislock. Built by redislock.FromEnv, the",
+		"client's ID is the pod's UID (POD_UID, from the downward API), so its owners are",
+		"\"<pod UID>:<n>\": the controller shows which pod holds the lock, and releases the hold",
+		"when the pod ends.")
+	if _, err := d.k.run(ctx, "run", "worker", "--image=registry.example/worker:1.0", "--labels=app=worker"); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, markRunning("worker")...); err != nil {
+		return err
+	}
+	uid, err := d.k.run(ctx, "get", "pod", "worker", "-o", "jsonpath={.metadata.uid}")
+	if err != nil {
+		return err
+	}
+	uid = strings.TrimSpace(uid)
+
+	key := redislock.LockName(namespace, "jobs")
+	d.say(fmt.Sprintf("The worker takes the lock %s, the default key of the DistributedLock demo/jobs,", key),
+		"before that resource even exists. The demo runs the worker's code itself:",
+		"",
+		fmt.Sprintf("  client, _ := redislock.New(rdb, redislock.Options{ID: %q}) // as FromEnv does", uid),
+		fmt.Sprintf("  lease, _ := client.NewMutex(redislock.LockName(%q, \"jobs\"), nil).Lock(ctx)", namespace))
+	rdb := redis.NewClient(&redis.Options{Addr: d.e.redisAddr})
+	defer rdb.Close()
+	// A short watchdog lease, so the worker notices the release within a second.
+	worker, err := redislock.New(rdb, redislock.Options{ID: uid, WatchdogLease: 3 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer worker.Close()
+	mutex, err := worker.NewMutex(key, nil)
+	if err != nil {
+		return err
+	}
+	lockCtx, cancel := context.WithTimeout(ctx, waitTimeout)
+	lease, err := mutex.Lock(lockCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("the worker's Lock: %w", err)
+	}
+	inspector, err := redislock.New(rdb, redislock.Options{ID: "demo-inspector"})
+	if err != nil {
+		return err
+	}
+	defer inspector.Close()
+	info, err := inspector.Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "  -> Redis: %s\n", describe(info))
+	if !info.Held() || info.Holders[0].Owner != lease.Owner() {
+		return &checkError{what: "the lock in Redis", expected: "held by " + string(lease.Owner()), got: describe(info)}
+	}
+
+	d.say("Now the DistributedLock for that key:")
+	if _, err := d.k.apply(ctx, `
+apiVersion: locks.lockwarden.dev/v1alpha1
+kind: DistributedLock
+metadata:
+  name: jobs
+spec:
+  candidates:
+    matchLabels:
+      app: worker
+`); err != nil {
+		return err
+	}
+	lock, err := d.waitForHolder(ctx, "jobs", "worker")
+	if err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "dlock", "jobs", "-o",
+		"custom-columns=NAME:.metadata.name,HOLDER:.status.holder.podName,OWNER:.status.holder.ownerID,BY-CONTROLLER:.status.holder.grantedByController,TOKEN:.status.holder.token"); err != nil {
+		return err
+	}
+	h := lock.Status.Holder
+	if h.GrantedByController || h.OwnerID != string(lease.Owner()) || h.Token != lease.Token() || h.PodUID != uid {
+		return &checkError{what: "the holder of jobs",
+			expected: fmt.Sprintf("pod worker, owner %s, grantedByController=false, token %d", lease.Owner(), lease.Token()),
+			got:      fmt.Sprintf("pod %s, owner %s, grantedByController=%t, token %d", h.PodName, h.OwnerID, h.GrantedByController, h.Token)}
+	}
+	d.ok("the controller shows the worker's own hold: owner %s, grantedByController=false", h.OwnerID)
+
+	d.say("The worker fails:")
+	if _, err := d.k.run(ctx, setPhase("worker", corev1.PodFailed)...); err != nil {
+		return err
+	}
+	if _, err := d.waitForHolder(ctx, "jobs", ""); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "dlock", "jobs"); err != nil {
+		return err
+	}
+	if info, err = inspector.Inspect(ctx, key); err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "  -> Redis: %s\n", describe(info))
+	if info.Held() {
+		return &checkError{what: "the lock in Redis after the worker failed", expected: "free", got: describe(info)}
+	}
+	select {
+	case <-lease.Done():
+		fmt.Fprintf(d.out, "  -> the worker's lease.Context() ended: %v\n", lease.Err())
+	case <-time.After(waitTimeout):
+		return &checkError{what: "the worker's lease", expected: "its context cancelled once the hold was released", got: "still live"}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if !errors.Is(lease.Err(), redislock.ErrNotOwner) {
+		return &checkError{what: "why the worker's lease ended", expected: redislock.ErrNotOwner.Error(), got: fmt.Sprint(lease.Err())}
+	}
+	pod, err := d.pod(ctx, "worker")
+	if err != nil {
+		return err
+	}
+	if err := checkMarks(pod, "", 0); err != nil {
+		return err
+	}
+	d.ok("the worker's hold was released in Redis when the pod failed, and the worker was told")
+	return nil
+}
+
+// describe summarises a lock in Redis.
+func describe(info redislock.LockInfo) string {
+	if !info.Held() {
+		return fmt.Sprintf("%s is free (the fencing counter is at %d)", info.Name, info.Token)
+	}
+	return fmt.Sprintf("%s is held by %s, fencing token %d, lease %.1fs left", info.Name, info.Holders[0].Owner, info.Token, info.TTL.Seconds())
+}
+
+// 6. Summary.
+func (d *demo) summary(ctx context.Context) error {
+	d.section("Where things stand")
+	lock, err := d.lock(ctx, "leader")
+	if err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "dlock", "-o", "wide"); err != nil {
+		return err
+	}
+	// Events are sent asynchronously; wait for the last one of the story.
+	expected := []string{"leader Acquired", "leader HolderTerminated", "nightly Acquired", "nightly HolderTerminated", "jobs HolderTerminated"}
+	if err := d.waitFor(ctx, "the controller's Events", fmt.Sprint(expected), func() (bool, string, error) {
+		out, err := d.k.quiet(ctx, "get", "events", "--field-selector=involvedObject.kind=DistributedLock",
+			"-o", `jsonpath={range .items[*]}{.involvedObject.name} {.reason}{"\n"}{end}`)
+		if err != nil {
+			return false, "", err
+		}
+		have := strings.Split(strings.TrimSpace(out), "\n")
+		for _, e := range expected {
+			if !slices.Contains(have, e) {
+				return false, fmt.Sprint(have), nil
+			}
+		}
+		return true, "", nil
+	}); err != nil {
+		return err
+	}
+	if _, err := d.k.run(ctx, "get", "events", "--field-selector=involvedObject.kind=DistributedLock", "--sort-by=.firstTimestamp",
+		"-o", "custom-columns=LOCK:.involvedObject.name,REASON:.reason,MESSAGE:.message"); err != nil {
+		return err
+	}
+	if holderName(lock) != "web-2" {
+		return &checkError{what: "the holder of leader", expected: "web-2", got: orNone(holderName(lock))}
+	}
+	return nil
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
