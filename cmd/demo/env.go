@@ -228,11 +228,20 @@ func managerBinary(ctx context.Context, out io.Writer, root, given string) (stri
 		return bin, nil
 	}
 	fmt.Fprintf(out, "Building bin/manager, as %s:\n$ go build -o bin/manager ./cmd/manager\n", reason)
-	cmd := exec.CommandContext(ctx, goTool(), "build", "-o", bin, "./cmd/manager")
+	// Build under another name and rename it into place, so a manager that
+	// is running meanwhile (another demo's) is neither in the way nor hurt.
+	tmp := fmt.Sprintf("%s.%d.tmp", bin, os.Getpid())
+	cmd := exec.CommandContext(ctx, goTool(), "build", "-o", tmp, "./cmd/manager")
 	cmd.Dir = root
 	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = childAttrs()
 	if err := cmd.Run(); err != nil {
+		_ = os.Remove(tmp)
 		return "", fmt.Errorf("go build -o bin/manager ./cmd/manager: %w", err)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		_ = os.Remove(tmp)
+		return "", err
 	}
 	return bin, nil
 }

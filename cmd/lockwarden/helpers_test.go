@@ -75,18 +75,19 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	f := &fixture{srv: srv, podUID: newUUID(t), client: client}
+	f := &fixture{srv: srv, podUID: newUUID(), client: client}
 	f.env = []string{
 		"PATH=" + os.Getenv("PATH"),
 		"REDIS_URL=redis://" + srv.Addr,
 		"POD_UID=" + f.podUID,
 		"POD_NAME=report-29310",
 		"POD_NAMESPACE=batch",
+		"GORACE=atexit_sleep_ms=0", // a race-enabled lockwarden would sleep 1s on exit 0
 	}
 	return f
 }
 
-func newUUID(t *testing.T) string {
+func newUUID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	b[6] = b[6]&0x0f | 0x40

@@ -101,7 +101,6 @@ const usageLine = "Usage: lockwarden run [flags] -- CMD [ARG...]\n"
 
 func usage(w io.Writer) {
 	fmt.Fprint(w, usageLine+`
-
 Runs CMD only while holding a lockwarden (Redisson-compatible) Redis lock. It
 takes the lock, then runs CMD with stdin, stdout and stderr passed through,
 and releases the lock when CMD exits. CMD's environment gets LOCKWARDEN_LOCK,

@@ -34,14 +34,17 @@ const (
 	exitSignal = 128
 )
 
+// signalNames names the signals lockwarden passes on, for its log.
+var signalNames = map[os.Signal]string{syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT"}
+
 // releaseTimeout bounds the final Unlock, so an unreachable Redis cannot
 // hold up the exit; the lease then runs out on its own.
 const releaseTimeout = 5 * time.Second
 
 // guard is one `lockwarden run`.
 type guard struct {
-	lock     string        // the Redis lock name; or
-	resource string        // a DistributedLock in $POD_NAMESPACE
+	lock     string        // the Redis lock name (--lock), or
+	resource string        // a DistributedLock in $POD_NAMESPACE (--lock-resource)
 	wait     time.Duration // how long to wait for the lock, or waitForever
 	grace    time.Duration // from SIGTERM to SIGKILL
 	lease    time.Duration // the watchdog lease
@@ -70,7 +73,7 @@ func (g *guard) run() int {
 	// From here on, SIGTERM and SIGINT must not kill lockwarden outright,
 	// which would leave the lock held until its lease ran out.
 	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT) // the signals in signalNames
 	defer signal.Stop(signals)
 
 	lease, code := g.acquire(m, signals)
@@ -111,7 +114,7 @@ func (g *guard) acquire(m *redislock.Mutex, signals <-chan os.Signal) (*redisloc
 		if r = <-done; r.err == nil { // taken as the signal came
 			release(m, false)
 		}
-		logf("got %v while waiting for lock %q; not running %s", sig, m.Name(), g.argv[0])
+		logf("got %s while waiting for lock %q; not running %s", signalNames[sig], m.Name(), g.argv[0])
 		return nil, exitSignal + int(sig.(syscall.Signal))
 	}
 	switch {
@@ -172,7 +175,7 @@ func (g *guard) supervise(lease *redislock.Lease, signals <-chan os.Signal) (cod
 			logf("lost lock %q: %v; stopping %s with SIGTERM", lease.Name(), lease.Err(), g.argv[0])
 			stop(syscall.SIGTERM)
 		case sig := <-signals:
-			logf("got %v; passing it on to %s", sig, g.argv[0])
+			logf("got %s; passing it on to %s", signalNames[sig], g.argv[0])
 			stop(sig.(syscall.Signal))
 		case <-kill:
 			logf("%s still running %v after the signal; sending SIGKILL", g.argv[0], g.grace)

@@ -44,6 +44,28 @@ func TestRunHoldsLockWhileCommandRuns(t *testing.T) {
 	f.wantFree(t, name)
 }
 
+// TestRunTwoInOnePod checks that two lockwardens of one pod, which share
+// the pod UID, exclude each other rather than re-enter the lock.
+func TestRunTwoInOnePod(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const name = "one-pod"
+	first := f.start(t, "run", "--lock", name, "--", "sh", "-c", "echo started; read line || true")
+	first.line(t)
+	p := f.start(t, "run", "--lock", name, "--skip", "--", "sh", "-c", "echo ran")
+	code, stderr := p.wait(t)
+	wantExit(t, code, stderr, exitLocked, "held elsewhere")
+	if slices.Contains(drain(p), "ran") {
+		t.Fatal("the second CMD ran while the first held the lock")
+	}
+	if err := first.stdin.Close(); err != nil {
+		t.Fatal(err)
+	}
+	code, stderr = first.wait(t)
+	wantExit(t, code, stderr, 0)
+	f.wantFree(t, name)
+}
+
 func TestRunExitStatus(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -167,7 +189,7 @@ func TestRunSignals(t *testing.T) {
 		}
 		p.signal(t, syscall.SIGTERM)
 		code, stderr := p.wait(t)
-		wantExit(t, code, stderr, 5, "passing it on")
+		wantExit(t, code, stderr, 5, "got SIGTERM; passing it on")
 		f.wantFree(t, name)
 	})
 	t.Run("while waiting", func(t *testing.T) {
@@ -183,7 +205,7 @@ func TestRunSignals(t *testing.T) {
 		})
 		p.signal(t, syscall.SIGTERM)
 		code, stderr := p.wait(t)
-		wantExit(t, code, stderr, 128+int(syscall.SIGTERM), "while waiting for lock")
+		wantExit(t, code, stderr, 128+int(syscall.SIGTERM), "got SIGTERM while waiting for lock")
 		if slices.Contains(drain(p), "ran") {
 			t.Fatal("CMD ran")
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,6 +153,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 		done: make(chan struct{}),
 		held: make(map[holdKey]*Lease),
 	}
+	// Owner numbers start at a random point, so that two processes with
+	// the same ID (two containers of one pod, or a restarted container whose
+	// lease still runs) never share an owner ID and re-enter each other's
+	// locks. They never start at 0, the controller's own suffix.
+	c.ownerSeq.Store(mathrand.Uint64N(1 << 62))
 	c.waits = newWaiting(c)
 	c.loops.Add(1)
 	go c.renewLoop()
@@ -199,7 +205,8 @@ func (c *Client) checkOpen() error {
 // with the same owner re-enters the lock; each Lock needs its Unlock.
 type Owner string
 
-// NewOwner returns an owner ID unique to this client: "<client ID>:<n>".
+// NewOwner returns an owner ID unique to this client: "<client ID>:<n>",
+// with n never 0 and unique across processes that share the client ID.
 func (c *Client) NewOwner() Owner {
 	return Owner(fmt.Sprintf("%s:%d", c.opts.ID, c.ownerSeq.Add(1)))
 }

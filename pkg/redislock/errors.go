@@ -58,3 +58,10 @@ func unavailable(err error) error {
 
 // ErrReleased is the cause of a lease's context after its final Unlock.
 var ErrReleased = errors.New("redislock: lock released")
+
+// neverSent reports whether err shows that a command never reached Redis:
+// the connection could not even be made.
+func neverSent(err error) bool {
+	var opErr *net.OpError
+	return errors.As(err, &opErr) && opErr.Op == "dial"
+}

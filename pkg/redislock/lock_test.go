@@ -3,11 +3,13 @@ package redislock_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
@@ -388,4 +390,23 @@ func waitFor(t testing.TB, cond func() bool, what string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestSameIDDifferentProcesses: two clients with one ID, as two containers
+// of one pod built by FromEnv would be, do not share owners, so they
+// exclude each other instead of re-entering.
+func TestSameIDDifferentProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	const podUID = "5b0e3f7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+	first := newClient(t, srv.Client(t), redislock.Options{ID: podUID})
+	second := newClient(t, srv.Client(t), redislock.Options{ID: podUID})
+	a, b := newMutex(t, first, lockName(t), nil), newMutex(t, second, lockName(t), nil)
+	if a.Owner() == b.Owner() || strings.HasSuffix(string(a.Owner()), ":0") {
+		t.Fatalf("owners %s and %s", a.Owner(), b.Owner())
+	}
+	mustLock(t, ctx, a)
+	_, err := b.TryLock(ctx, 0)
+	wantErr(t, err, redislock.ErrWaitTimeout)
+	mustUnlock(t, ctx, a)
 }

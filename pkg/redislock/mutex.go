@@ -219,7 +219,9 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 	}
 	c.opts.Metrics.observeAcquire(time.Since(res.sent))
 	if err != nil {
-		c.compensate(m, owner)
+		if !neverSent(err) {
+			c.compensate(m, owner)
+		}
 		return res, unavailable(err)
 	}
 	if len(reply) != 3 {
