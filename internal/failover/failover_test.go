@@ -111,7 +111,7 @@ func clientGoElector(cfg *rest.Config, lead func(context.Context)) (*leaderelect
 	return leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: lock, LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
 		ReleaseOnCancel: true,
-		Callbacks: leaderelection.LeaderCallbacks{OnStartedLeading: lead, OnStoppedLeading: func() {}},
+		Callbacks:       leaderelection.LeaderCallbacks{OnStartedLeading: lead, OnStoppedLeading: func() {}},
 	})
 }
 
@@ -299,7 +299,6 @@ func BenchmarkFailover(b *testing.B) {
 			lwRate, cgRate, cgRate/lwRate)
 	}
 }
-
 
 // envtestAssets is KUBEBUILDER_ASSETS, or what hack/setup-envtest.sh builds.
 func envtestAssets(b *testing.B) string {
