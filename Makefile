@@ -23,6 +23,10 @@ help: ## Show this list of targets.
 
 ##@ Development
 
+.PHONY: demo
+demo: test-deps ## Play the lockwarden story on a local control plane, Redis and manager (no cluster needed).
+	$(GO) run ./cmd/demo
+
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests under config/ from kubebuilder markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/...;./controllers/..." output:crd:artifacts:config=config/crd/bases

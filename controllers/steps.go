@@ -88,9 +88,15 @@ func (r *DistributedLockReconciler) podByUID(ctx context.Context, uid types.UID)
 // client's) are left alone. It returns the holders that remain.
 func (r *DistributedLockReconciler) releaseTerminated(ctx context.Context, lock *locksv1.DistributedLock, locks *redislock.Client, holders []holder) ([]holder, error) {
 	var remaining []holder
+	nn := client.ObjectKeyFromObject(lock)
+	r.mu.Lock()
+	granted := r.held[nn]
+	r.mu.Unlock()
 	for _, h := range holders {
-		known := lock.Status.Holder != nil && lock.Status.Holder.PodName != "" && types.UID(lock.Status.Holder.PodUID) == h.podUID
-		gone := h.pod == nil && known
+		// A pod this cluster had: named in the status, or granted the lock
+		// by this controller even if the status never recorded it.
+		inStatus := lock.Status.Holder != nil && lock.Status.Holder.PodName != "" && types.UID(lock.Status.Holder.PodUID) == h.podUID
+		gone := h.pod == nil && (inStatus || (granted != nil && granted.podUID == h.podUID))
 		if !gone && (h.pod == nil || !terminated(h.pod)) {
 			remaining = append(remaining, h)
 			continue
@@ -98,9 +104,9 @@ func (r *DistributedLockReconciler) releaseTerminated(ctx context.Context, lock 
 		if _, err := locks.ForceRelease(ctx, lock.Status.Key, string(h.podUID)); err != nil {
 			return nil, err
 		}
-		r.forget(client.ObjectKeyFromObject(lock))
+		r.forget(nn)
 		podName := string(h.podUID)
-		if known {
+		if inStatus {
 			podName = lock.Status.Holder.PodName
 		}
 		how := "was deleted"

@@ -39,7 +39,7 @@ func TestDemo(t *testing.T) {
 		{"run-2 is still gated while run-1 holds", `(?m)^run-2\s+lockwarden\.dev/lock\s+<none>\s+Pending$`},
 		{"run-2 is ungated after run-1", `(?m)^run-2\s+<none>\s+nightly\s+Pending$`},
 		{"web-2 takes over", `(?m)^leader\s+demo/leader\s+web-2\s+2\s+1\s`},
-		{"the in-pod holder is shown", `(?m)^jobs\s+worker\s+[0-9a-f-]{36}:1\s+false\s+1$`},
+		{"the in-pod holder is shown", `(?m)^jobs\s+worker\s+[0-9a-f-]{36}:[0-9]+\s+false\s+1$`},
 		{"the in-pod hold is released", `(?m)^jobs\s+demo/jobs\s+\S+$`},
 		{"Redis shows it released", `-> Redis: demo/jobs is free`},
 		{"the worker learns it", `the worker's lease\.Context\(\) ended: `},

@@ -665,7 +665,7 @@ func (d *demo) summary(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if _, err := d.k.run(ctx, "get", "events", "--field-selector=involvedObject.kind=DistributedLock", "--sort-by=.firstTimestamp",
+	if _, err := d.k.run(ctx, "get", "events", "--field-selector=involvedObject.kind=DistributedLock",
 		"-o", "custom-columns=LOCK:.involvedObject.name,REASON:.reason,MESSAGE:.message"); err != nil {
 		return err
 	}
