@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -18,8 +17,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
 )
 
 // modulePath identifies the repository root: the directory whose go.mod
@@ -115,9 +115,16 @@ func startEnv(ctx context.Context, e *env, opts options) error {
 	}
 
 	// Redis.
-	if e.redisAddr, err = e.startRedis(ctx, filepath.Join(dir, "redis")); err != nil {
+	redisDir := filepath.Join(dir, "redis")
+	if err := os.MkdirAll(redisDir, 0o755); err != nil {
 		return err
 	}
+	srv, err := redistest.StartServer(redisDir)
+	if err != nil {
+		return err
+	}
+	e.cleanups = append(e.cleanups, srv.Stop)
+	e.redisAddr = srv.Addr
 	e.printf("redis          redis-server at %s\n", e.redisAddr)
 
 	// The manager's RBAC and the namespace of the story, with kubectl.
@@ -313,61 +320,6 @@ func wrapControlPlane(te *envtest.Environment, assets, dir string) error {
 	te.ControlPlane.APIServer = &envtest.APIServer{Path: apiserver}
 	te.ControlPlane.Etcd = &envtest.Etcd{Path: etcd}
 	return nil
-}
-
-// startRedis starts a redis-server on a free loopback port with its files
-// in dir, and waits until it answers.
-func (e *env) startRedis(ctx context.Context, dir string) (string, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return "", errors.New("redis-server is not on PATH; hack/install-redis.sh installs it")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	port, err := freePort()
-	if err != nil {
-		return "", err
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	logFile := filepath.Join(dir, "redis.log")
-	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--dir", dir, "--save", "", "--appendonly", "no", "--protected-mode", "no", "--logfile", logFile)
-	cmd.Dir = dir
-	cmd.SysProcAttr = childAttrs()
-	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("start redis-server: %w", err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	e.cleanups = append(e.cleanups, func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-exited:
-			log, _ := os.ReadFile(logFile)
-			return "", fmt.Errorf("redis-server exited:\n%s", log)
-		case <-ctx.Done():
-			return "", ctx.Err()
-		default:
-		}
-		pingCtx, cancel := context.WithTimeout(ctx, time.Second)
-		err := rdb.Ping(pingCtx).Err()
-		cancel()
-		if err == nil {
-			return addr, nil
-		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("redis-server on %s did not answer: %w", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // startManager runs the manager binary against the control plane and

@@ -48,7 +48,8 @@ func Start(t testing.TB, extra ...string) *Server {
 }
 
 // StartServer starts a redis-server with its files in dir, for callers
-// without a testing.TB, such as TestMain or benchmarks. Call Stop when done.
+// without a testing.TB, such as TestMain or the demo. Call Stop when done;
+// on Linux the server also dies with its parent.
 func StartServer(dir string, extra ...string) (*Server, error) {
 	return startServer(dir, nil, func(port int) []string {
 		return append([]string{"--port", strconv.Itoa(port)}, extra...)
@@ -85,6 +86,7 @@ func startServer(dir string, clientTLS *tls.Config, portArgs func(port int) []st
 func (s *Server) start(bin string) error {
 	s.cmd = exec.Command(bin, s.args...)
 	s.cmd.Dir = s.dir
+	s.cmd.SysProcAttr = childAttrs()
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: start redis-server: %w", err)
 	}
