@@ -221,12 +221,6 @@ func (o Owner) Validate() error {
 	return nil
 }
 
-// clientID is the part of the owner ID before the last colon.
-func (o Owner) clientID() string {
-	s := string(o)
-	return s[:strings.LastIndexByte(s, ':')]
-}
-
 type ownerKey struct{}
 
 // WithOwner returns a context that carries owner. Mutex calls made with it
