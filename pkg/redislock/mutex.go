@@ -77,7 +77,9 @@ func (m *Mutex) leaseTerms() (time.Duration, bool) {
 
 // Lock blocks until the owner holds the lock, or ctx ends (it then returns
 // ctx's error). If the owner already holds it, Lock re-enters at once and
-// returns the same Lease, with the same fencing token.
+// returns the same Lease, with the same fencing token. If Redis cannot be
+// reached on the first attempt, Lock returns ErrUnavailable; once waiting,
+// it rides out Redis errors (a failover, a dropped connection) and retries.
 func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	return m.lock(ctx, -1)
 }

@@ -2,10 +2,13 @@ package redislock_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
@@ -29,8 +32,13 @@ func TestSentinelFailoverWithBlockedWaiters(t *testing.T) {
 		t.Fatal("re-entry through Sentinel returned another lease")
 	}
 
-	// Waiters on another client block on the held lock.
-	waiters := newClient(t, s.Client(t), opts)
+	// Waiters on another client block on the held lock. The hook tells
+	// when each waiter's first attempt has returned to it: only then is it
+	// waiting, rather than still inside its first call.
+	waitersRedis := s.Client(t)
+	answered := &answeredOwners{}
+	waitersRedis.AddHook(answered)
+	waiters := newClient(t, waitersRedis, opts)
 	const n = 3
 	var inside, violations, acquired atomic.Int64
 	var wg sync.WaitGroup
@@ -52,7 +60,7 @@ func TestSentinelFailoverWithBlockedWaiters(t *testing.T) {
 			_ = m.Unlock(ctx)
 		}()
 	}
-	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == n }, "the waiters to queue")
+	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == n && answered.count() == n }, "the waiters to queue")
 
 	oldMaster := s.Master.Addr
 	s.Master.Stop()
@@ -72,4 +80,38 @@ func TestSentinelFailoverWithBlockedWaiters(t *testing.T) {
 	if acquired.Load() != n || violations.Load() != 0 {
 		t.Fatalf("%d of %d waiters acquired, %d overlapping holds", acquired.Load(), n, violations.Load())
 	}
+}
+
+// answeredOwners is a go-redis hook that records the owners whose script
+// calls got an answer.
+type answeredOwners struct {
+	mu     sync.Mutex
+	owners map[string]bool
+}
+
+func (a *answeredOwners) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (a *answeredOwners) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if args := cmd.Args(); err == nil && cmd.Name() == "evalsha" && len(args) > 8 {
+			a.mu.Lock()
+			if a.owners == nil {
+				a.owners = map[string]bool{}
+			}
+			a.owners[fmt.Sprint(args[8])] = true // acquire's ARGV[2], after the SHA, key count and 4 keys
+			a.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (a *answeredOwners) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (a *answeredOwners) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.owners)
 }

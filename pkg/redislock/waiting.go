@@ -398,10 +398,16 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, wait time.Dura
 				return acquireResult{}, err
 			}
 			var err error
-			if res, err = ws.attempt(ctx, w, m, w.owner, c.opts.QueueTTL); err != nil {
+			res, err = ws.attempt(ctx, w, m, w.owner, c.opts.QueueTTL)
+			switch {
+			case errors.Is(err, ErrUnavailable):
+				// A failover or a dropped connection: keep waiting, and try
+				// again after the fallback, until ctx or the wait bound ends.
+				c.opts.Logger.Info("lock attempt failed while waiting; retrying", "lock", w.name, "error", err.Error())
+				res = acquireResult{}
+			case err != nil:
 				return giveUp(err)
-			}
-			if res.acquired {
+			case res.acquired:
 				return res, nil
 			}
 		}
