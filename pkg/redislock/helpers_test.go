@@ -19,6 +19,9 @@ import (
 // TestMain starts the redis-server the Examples use, and fails the package
 // if any goroutine outlives the tests.
 func TestMain(m *testing.M) {
+	if os.Getenv(envHolderChild) != "" { // a holder process of TestPausedHolder
+		os.Exit(runHolderChild())
+	}
 	dir, err := os.MkdirTemp("", "redislock-example")
 	if err != nil {
 		panic(err)
