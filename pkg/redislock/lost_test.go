@@ -59,13 +59,11 @@ func (r *sendRecorder) last() time.Time {
 	return r.lastSent
 }
 
-// testLostLease holds a watchdog lock, cuts the holder off from Redis with
-// fault, and checks that the lease's context is cancelled before the lock
-// could have expired on the server.
-func testLostLease(t *testing.T, fault func(t *testing.T, srv *redistest.Server)) {
+// testLostLease holds a watchdog lock through rdb, cuts the holder off
+// from Redis with fault, and checks that the lease's context is cancelled
+// before the lock could have expired on the server.
+func testLostLease(t *testing.T, rdb *redis.Client, fault func()) {
 	const leaseTime = time.Second
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
 	rec := &sendRecorder{}
 	rdb.AddHook(rec)
 	c := newClient(t, rdb, redislock.Options{WatchdogLease: leaseTime})
@@ -73,7 +71,7 @@ func testLostLease(t *testing.T, fault func(t *testing.T, srv *redistest.Server)
 	lease := mustLock(t, testContext(t), m)
 	time.Sleep(leaseTime / 2) // let a renewal or two succeed
 
-	fault(t, srv)
+	fault()
 	waitDone(t, lease.Done(), 10*time.Second, "the lost-lease signal")
 	cancelled := time.Now()
 	wantErr(t, lease.Err(), redislock.ErrLeaseLost)
@@ -83,7 +81,8 @@ func testLostLease(t *testing.T, fault func(t *testing.T, srv *redistest.Server)
 }
 
 func TestLostLeaseWhenRedisSleeps(t *testing.T) {
-	testLostLease(t, func(t *testing.T, srv *redistest.Server) {
+	srv := redistest.Start(t)
+	testLostLease(t, srv.Client(t), func() {
 		sleeper := srv.Client(t)
 		done := make(chan struct{})
 		go func() {
@@ -95,7 +94,28 @@ func TestLostLeaseWhenRedisSleeps(t *testing.T) {
 }
 
 func TestLostLeaseWhenRedisStops(t *testing.T) {
-	testLostLease(t, func(t *testing.T, srv *redistest.Server) { srv.Stop() })
+	srv := redistest.Start(t)
+	testLostLease(t, srv.Client(t), srv.Stop)
+}
+
+// TestLostLeaseWhenPartitioned cuts, then slows, the network between the
+// holder and Redis with a proxy; Redis itself keeps running.
+func TestLostLeaseWhenPartitioned(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault func(*redistest.Proxy)
+	}{
+		{"cut", (*redistest.Proxy).Cut},
+		{"slow", func(p *redistest.Proxy) { p.Delay(3 * time.Second) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			proxy := redistest.StartProxy(t, srv.Addr)
+			rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+			t.Cleanup(func() { _ = rdb.Close() })
+			testLostLease(t, rdb, func() { tc.fault(proxy) })
+		})
+	}
 }
 
 // TestLostLeaseWhenRedisRestartsEmpty restarts a Redis without persistence
