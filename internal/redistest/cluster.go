@@ -118,6 +118,14 @@ func (c *Cluster) form(ctx context.Context) error {
 				return false
 			}
 		}
+		// Replicas count only once in sync: before that, WAIT cannot be
+		// acknowledged and a failover cannot promote them.
+		for _, rdb := range clients[len(c.Masters):] {
+			info, err := rdb.Info(ctx, "replication").Result()
+			if err != nil || !strings.Contains(info, "master_link_status:up") {
+				return false
+			}
+		}
 		return true
 	})
 }

@@ -1,0 +1,111 @@
+package redislock_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// TestClusterMasterFailover holds locks on one master of a 3-master,
+// 3-replica Cluster, kills that master, and counts the locks that survive
+// the failover and those lost: for each WAIT setting with a healthy replica,
+// and with the replica stalled (SIGSTOP) while the locks are taken. A
+// stalled replica still receives what fits in its socket buffer, so some of
+// those locks survive and some do not. Every loss must reach its holder
+// through the lost-lease signal, and every survivor must still be held: no
+// holder may go on believing it holds a lock Redis no longer has.
+func TestClusterMasterFailover(t *testing.T) {
+	const locks = 50
+	for _, tc := range []struct {
+		waitReplicas int
+		stalled      bool
+	}{{0, false}, {1, false}, {0, true}} {
+		t.Run(fmt.Sprintf("WAIT=%d,stalled=%v", tc.waitReplicas, tc.stalled), func(t *testing.T) {
+			waitReplicas := tc.waitReplicas
+			cluster := redistest.StartCluster(t, 3, 1)
+			rdb := cluster.Client(t)
+			ctx := testContext(t)
+			// A lease longer than the failover, so only locks the replica
+			// never received are lost.
+			c := newClient(t, rdb, redislock.Options{WatchdogLease: 10 * time.Second, RenewInterval: 500 * time.Millisecond, WaitReplicas: waitReplicas})
+			victim, heir := cluster.Masters[0], cluster.Replicas[0]
+			if tc.stalled {
+				if err := heir.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				// With WAIT, a Lock the replica cannot acknowledge is refused
+				// rather than granted at risk.
+				synced := newClient(t, rdb, redislock.Options{WaitReplicas: 1, WaitReplicasTimeout: 200 * time.Millisecond})
+				for i := 0; ; i++ {
+					name := fmt.Sprintf("%s-synced-%d", lockName(t), i)
+					if masterOf(t, rdb, name) == victim.Addr {
+						_, err := newMutex(t, synced, name, nil).Lock(ctx)
+						wantErr(t, err, redislock.ErrUnavailable)
+						break
+					}
+				}
+			}
+
+			var mutexes []*redislock.Mutex
+			var leases []*redislock.Lease
+			for i := 0; len(mutexes) < locks; i++ {
+				name := fmt.Sprintf("%s-%d", lockName(t), i)
+				if masterOf(t, rdb, name) != victim.Addr {
+					continue
+				}
+				m := newMutex(t, c, name, nil)
+				mutexes = append(mutexes, m)
+				leases = append(leases, mustLock(t, ctx, m))
+			}
+
+			victim.Stop()
+			if tc.stalled {
+				if err := heir.Resume(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, func() bool {
+				rdb.ReloadState(ctx)
+				return masterOf(t, rdb, mutexes[0].Name()) == heir.Addr
+			}, "the replica to take over")
+			time.Sleep(2 * time.Second) // four renewal intervals on the new master
+
+			survived, lost := 0, 0
+			for i, m := range mutexes {
+				info := inspect(t, c, m.Name())
+				held := len(info.Holders) == 1 && info.Holders[0].Owner == m.Owner()
+				switch {
+				case held && leases[i].Err() == nil:
+					survived++
+				case !held && leases[i].Err() != nil:
+					lost++
+				case !held:
+					t.Errorf("%s is gone from Redis but its holder was not told", m.Name())
+				default:
+					t.Errorf("%s is still held but its holder was told it was lost: %v", m.Name(), leases[i].Err())
+				}
+			}
+			t.Logf("WAIT=%d, replica stalled=%v: %d of %d locks survived the master's failover, %d were lost and their holders told", waitReplicas, tc.stalled, survived, locks, lost)
+			for i, m := range mutexes {
+				if leases[i].Err() == nil {
+					mustUnlock(t, ctx, m)
+				}
+			}
+		})
+	}
+}
+
+// masterOf is the address of the master serving name's slot.
+func masterOf(t *testing.T, rdb *redis.ClusterClient, name string) string {
+	node, err := rdb.MasterForKey(context.Background(), name)
+	if err != nil {
+		return ""
+	}
+	return node.Options().Addr
+}
