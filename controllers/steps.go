@@ -145,7 +145,7 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, lock *locksv1
 		if err != nil {
 			return nil, err
 		}
-		r.remember(lock, &grant{mutex: mutex, lease: lease, podUID: pod.UID})
+		r.remember(ctx, lock, &grant{mutex: mutex, lease: lease, podUID: pod.UID})
 		r.Recorder.Eventf(lock, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", lock.Status.Key, pod.Name, lease.Token())
 		r.Metrics.transition(lock, "acquired")
 		return []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod, token: lease.Token()}}, nil
@@ -178,7 +178,7 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, lock *locksv1.Dis
 	if err != nil {
 		return err
 	}
-	r.remember(lock, &grant{mutex: mutex, lease: lease, podUID: h.podUID})
+	r.remember(ctx, lock, &grant{mutex: mutex, lease: lease, podUID: h.podUID})
 	log.FromContext(ctx).Info("adopted a lock held in Redis", "pod", h.pod.Name, "token", lease.Token())
 	return nil
 }
@@ -193,20 +193,35 @@ func (r *DistributedLockReconciler) checkLost(ctx context.Context, lock *locksv1
 		delete(r.held, nn)
 	}
 	r.mu.Unlock()
-	if g == nil || g.lease.Err() == nil || errors.Is(g.lease.Err(), redislock.ErrReleased) {
+	if g != nil {
+		r.reportLoss(ctx, lock, g)
+	}
+}
+
+// reportLoss emits the Lost event if g's lease ended other than by the
+// controller's own release.
+func (r *DistributedLockReconciler) reportLoss(ctx context.Context, lock *locksv1.DistributedLock, g *grant) {
+	cause := g.lease.Err()
+	if cause == nil || errors.Is(cause, redislock.ErrReleased) {
 		return
 	}
-	log.FromContext(ctx).Info("lost a lock held for a pod", "cause", g.lease.Err().Error())
-	r.Recorder.Eventf(lock, corev1.EventTypeWarning, "Lost", "Lost %s held for pod UID %s: %v", lock.Status.Key, g.podUID, g.lease.Err())
+	log.FromContext(ctx).Info("lost a lock held for a pod", "cause", cause.Error())
+	r.Recorder.Eventf(lock, corev1.EventTypeWarning, "Lost", "Lost %s held for pod UID %s: %v", lock.Status.Key, g.podUID, cause)
 	r.Metrics.transition(lock, "lost")
 }
 
 // remember records a grant and arranges for its loss to trigger a reconcile.
-func (r *DistributedLockReconciler) remember(lock *locksv1.DistributedLock, g *grant) {
+// A grant it replaces may have been lost without a reconcile seeing it yet
+// (the lock was freed and granted anew in one pass): that loss is reported.
+func (r *DistributedLockReconciler) remember(ctx context.Context, lock *locksv1.DistributedLock, g *grant) {
 	nn := client.ObjectKeyFromObject(lock)
 	r.mu.Lock()
+	replaced := r.held[nn]
 	r.held[nn] = g
 	r.mu.Unlock()
+	if replaced != nil && replaced != g {
+		r.reportLoss(ctx, lock, replaced)
+	}
 	context.AfterFunc(g.lease.Context(), func() {
 		if errors.Is(g.lease.Err(), redislock.ErrReleased) {
 			return

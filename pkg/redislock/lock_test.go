@@ -410,3 +410,33 @@ func TestSameIDDifferentProcesses(t *testing.T) {
 	wantErr(t, err, redislock.ErrWaitTimeout)
 	mustUnlock(t, ctx, a)
 }
+
+// TestRetakenAfterForcedRelease: an owner's hold is force-released behind
+// its back and the owner locks again before its watchdog noticed. That is a
+// new ownership, not a re-entry: a new lease with a new token, and the old
+// lease ends as lost.
+func TestRetakenAfterForcedRelease(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	c := newClient(t, srv.Client(t), redislock.Options{})
+	owner := redislock.Owner("3c9d0f4e-8b1a-4f6e-9d2c-7a5b3e1f0c8d:7")
+	m := newMutex(t, c, lockName(t), &redislock.MutexOptions{Owner: owner})
+	old := mustLock(t, ctx, m)
+
+	admin := newClient(t, srv.Client(t), redislock.Options{})
+	if _, err := admin.ForceRelease(ctx, m.Name(), "3c9d0f4e-8b1a-4f6e-9d2c-7a5b3e1f0c8d"); err != nil {
+		t.Fatal(err)
+	}
+	renewed := mustLock(t, ctx, m)
+	if renewed == old || renewed.Token() <= old.Token() {
+		t.Fatalf("lock after a forced release: same lease %v, tokens %d then %d", renewed == old, old.Token(), renewed.Token())
+	}
+	wantErr(t, old.Err(), redislock.ErrNotOwner)
+	if renewed.Err() != nil {
+		t.Fatalf("the new lease ended: %v", renewed.Err())
+	}
+	if info := inspect(t, c, m.Name()); info.Holders[0].Count != 1 {
+		t.Fatalf("reentry count %d, want 1", info.Holders[0].Count)
+	}
+	mustUnlock(t, ctx, m)
+}

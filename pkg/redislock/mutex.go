@@ -361,6 +361,13 @@ func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time)
 
 	c.mu.Lock()
 	l := c.held[key]
+	var lapsed *Lease
+	if l != nil && l.token != res.token {
+		// A new token: the old ownership ended (say, force-released) before
+		// this client noticed, and this is a new one, not a re-entry.
+		lapsed, l = l, nil
+		delete(c.held, key)
+	}
 	if l == nil {
 		l = &Lease{key: key, token: res.token, acquired: res.sent}
 		l.ctx, l.cancel = context.WithCancelCause(context.Background())
@@ -370,6 +377,9 @@ func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time)
 	l.lease, l.watchdog = lease, watchdog
 	c.extendLocked(l, res.sent, lease)
 	c.mu.Unlock()
+	if lapsed != nil {
+		c.finish(lapsed, ErrNotOwner)
+	}
 	return l
 }
 
@@ -381,12 +391,18 @@ func (c *Client) end(l *Lease, cause error) bool {
 	current := c.held[l.key] == l
 	if current {
 		delete(c.held, l.key)
-		l.timer.Stop()
 	}
 	c.mu.Unlock()
-	if !current {
-		return false
+	if current {
+		c.finish(l, cause)
 	}
+	return current
+}
+
+// finish stops a lease that is no longer held and ends its context with
+// cause, after recording the hold time or the loss.
+func (c *Client) finish(l *Lease, cause error) {
+	l.timer.Stop()
 	switch cause {
 	case ErrReleased:
 		c.opts.Metrics.observeHold(time.Since(l.acquired))
@@ -396,5 +412,4 @@ func (c *Client) end(l *Lease, cause error) bool {
 		c.opts.Logger.Info("lock lease lost", "lock", l.key.name, "owner", string(l.key.owner), "cause", cause.Error())
 	}
 	l.cancel(cause)
-	return true
 }
