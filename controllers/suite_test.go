@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,6 +28,7 @@ import (
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
+	"github.com/lockwarden/lockwarden/internal/envtestassets"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
@@ -61,9 +60,12 @@ func run(m *testing.M) int {
 	env := &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
-		BinaryAssetsDirectory: envtestAssets(),
 	}
 	var err error
+	if env.BinaryAssetsDirectory, err = envtestassets.Dir(context.Background(), "..", os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	if restCfg, err = env.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "start envtest:", err)
 		return 1
@@ -87,20 +89,6 @@ func run(m *testing.M) int {
 	defer srv.Stop()
 	redisAddr = srv.Addr
 	return m.Run()
-}
-
-// envtestAssets is KUBEBUILDER_ASSETS, or else what hack/setup-envtest.sh
-// builds (and caches) when the tests run without make.
-func envtestAssets() string {
-	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
-		return dir
-	}
-	out, err := exec.Command(filepath.Join("..", "hack", "setup-envtest.sh")).Output()
-	if err != nil {
-		panic(fmt.Sprintf("hack/setup-envtest.sh: %v", err))
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	return lines[len(lines)-1]
 }
 
 // harness is one running manager with the controller, as cmd/manager runs it.

@@ -19,6 +19,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/lockwarden/lockwarden/internal/envtestassets"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 )
 
@@ -56,7 +57,7 @@ func startEnv(ctx context.Context, e *env, opts options) error {
 	dir := e.dir
 	e.cleanups = append(e.cleanups, func() { _ = os.RemoveAll(dir) })
 
-	assets, err := assetsDir(ctx, e.out, root)
+	assets, err := envtestassets.Dir(ctx, root, e.out)
 	if err != nil {
 		return err
 	}
@@ -197,23 +198,6 @@ func declaresModule(gomod []byte) bool {
 		}
 	}
 	return false
-}
-
-// assetsDir is $KUBEBUILDER_ASSETS, or what hack/setup-envtest.sh builds
-// (fast when cached; the first build takes minutes).
-func assetsDir(ctx context.Context, out io.Writer, root string) (string, error) {
-	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
-		return dir, nil
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "setup-envtest.sh"))
-	cmd.Dir = root
-	cmd.Stderr = out
-	stdout, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("hack/setup-envtest.sh: %w", err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
-	return lines[len(lines)-1], nil
 }
 
 // managerBinary returns the manager to run: the one given, or bin/manager,

@@ -11,7 +11,6 @@ import (
 	"flag"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -52,8 +51,8 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	log := ctrl.Log.WithName("setup")
 
-	redisCfg.SentinelAddrs = splitList(sentinels)
-	redisCfg.ClusterAddrs = splitList(cluster)
+	redisCfg.SentinelAddrs = redisconn.SplitList(sentinels)
+	redisCfg.ClusterAddrs = redisconn.SplitList(cluster)
 	redisCfg.Username = os.Getenv("REDIS_USERNAME")
 	redisCfg.Password = os.Getenv("REDIS_PASSWORD")
 	rdb, err := redisCfg.Client()
@@ -113,16 +112,6 @@ func redisReachable(rdb redis.UniversalClient) healthz.Checker {
 		defer cancel()
 		return rdb.Ping(ctx).Err()
 	}
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
 }
 
 func must(err error) {

@@ -22,10 +22,3 @@ func TestReadinessFollowsRedis(t *testing.T) {
 		t.Fatal("ready with Redis down")
 	}
 }
-
-func TestSplitList(t *testing.T) {
-	got := splitList(" a:1, b:2 ,,")
-	if len(got) != 2 || got[0] != "a:1" || got[1] != "b:2" {
-		t.Fatalf("splitList = %q", got)
-	}
-}

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -23,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/lockwarden/lockwarden/internal/envtestassets"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
@@ -229,7 +229,11 @@ func steadyRequests(b *testing.B, window time.Duration, run func(ctx context.Con
 }
 
 func BenchmarkFailover(b *testing.B) {
-	env := &envtest.Environment{BinaryAssetsDirectory: envtestAssets(b)}
+	assets, err := envtestassets.Dir(context.Background(), filepath.Join("..", ".."), os.Stderr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets}
 	cfg, err := env.Start()
 	if err != nil {
 		b.Fatal(err)
@@ -298,17 +302,4 @@ func BenchmarkFailover(b *testing.B) {
 			lwKill.Round(10*time.Millisecond), cgKill.Round(10*time.Millisecond), float64(cgKill)/float64(lwKill),
 			lwRate, cgRate, cgRate/lwRate)
 	}
-}
-
-// envtestAssets is KUBEBUILDER_ASSETS, or what hack/setup-envtest.sh builds.
-func envtestAssets(b *testing.B) string {
-	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
-		return dir
-	}
-	out, err := exec.Command(filepath.Join("..", "..", "hack", "setup-envtest.sh")).Output()
-	if err != nil {
-		b.Fatalf("hack/setup-envtest.sh: %v", err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	return lines[len(lines)-1]
 }

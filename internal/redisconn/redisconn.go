@@ -135,3 +135,14 @@ func redactedURLError(err error) string {
 	}
 	return msg
 }
+
+// SplitList splits a comma-separated list of addresses, dropping blanks.
+func SplitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}

@@ -58,3 +58,10 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestSplitList(t *testing.T) {
+	got := redisconn.SplitList(" a:1, b:2 ,,")
+	if len(got) != 2 || got[0] != "a:1" || got[1] != "b:2" {
+		t.Fatalf("SplitList = %q", got)
+	}
+}

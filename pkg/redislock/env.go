@@ -105,9 +105,9 @@ func podFromEnv() (Pod, error) {
 func redisFromEnv() (redisconn.Config, error) {
 	cfg := redisconn.Config{
 		URL:            os.Getenv(EnvRedisURL),
-		SentinelAddrs:  splitAddrs(os.Getenv(EnvRedisSentinelAddrs)),
+		SentinelAddrs:  redisconn.SplitList(os.Getenv(EnvRedisSentinelAddrs)),
 		SentinelMaster: os.Getenv(EnvRedisSentinelMaster),
-		ClusterAddrs:   splitAddrs(os.Getenv(EnvRedisClusterAddrs)),
+		ClusterAddrs:   redisconn.SplitList(os.Getenv(EnvRedisClusterAddrs)),
 		Username:       os.Getenv(EnvRedisUsername),
 		Password:       os.Getenv(EnvRedisPassword),
 		CAFile:         os.Getenv(EnvRedisCAFile),
@@ -145,14 +145,4 @@ func redisFromEnv() (redisconn.Config, error) {
 		cfg.Password = strings.TrimRight(string(secret), "\r\n")
 	}
 	return cfg, nil
-}
-
-func splitAddrs(s string) []string {
-	var out []string
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
 }
