@@ -16,9 +16,6 @@ import (
 // TestDemo plays the whole story against a real control plane, redis-server
 // and manager, and checks its facts in what it printed.
 func TestDemo(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a control plane, Redis and the manager")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
