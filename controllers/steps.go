@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -298,19 +299,7 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, lock *locksv1.
 }
 
 func equalPodMarks(a, b *corev1.Pod) bool {
-	return maps(a.Labels, b.Labels) && maps(a.Annotations, b.Annotations) && len(a.Spec.SchedulingGates) == len(b.Spec.SchedulingGates)
-}
-
-func maps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if bv, ok := b[k]; !ok || bv != v {
-			return false
-		}
-	}
-	return true
+	return maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations) && len(a.Spec.SchedulingGates) == len(b.Spec.SchedulingGates)
 }
 
 // updateStatus records the holder, the waiting candidates and the Held
