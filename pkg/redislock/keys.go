@@ -34,11 +34,14 @@ type lockKeys struct {
 	force   []string // force_release.lua
 }
 
+// channelFor is the channel on which the lock's release is published.
+func channelFor(name string) string { return channelPrefix + "{" + name + "}" }
+
 func keysFor(name string) lockKeys {
 	tag := "{" + name + "}"
 	k := lockKeys{
 		name:        name,
-		channel:     channelPrefix + tag,
+		channel:     channelFor(name),
 		token:       tokenPrefix + tag,
 		queue:       queuePrefix + tag,
 		queueExpiry: queueExpiryPrefix + tag,

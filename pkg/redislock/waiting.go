@@ -47,7 +47,6 @@ type waiting struct {
 
 // subscription is one subscribed channel and the waiters that listen on it.
 type subscription struct {
-	channel   string
 	confirmed chan struct{} // closed when Redis confirms the subscription
 	waiters   []*waiter     // for a lock channel: the lock's waiters
 	idleSince time.Time
@@ -148,13 +147,13 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter) ([]chan struct{}, e
 	}
 	var channels []string
 	if ws.notices == nil {
-		ws.notices = &subscription{channel: ws.noticeChannel, confirmed: make(chan struct{})}
+		ws.notices = &subscription{confirmed: make(chan struct{})}
 		channels = append(channels, ws.noticeChannel)
 	}
 	lockChannel := w.channel
 	sub := ws.locks[lockChannel]
 	if sub == nil {
-		sub = &subscription{channel: lockChannel, confirmed: make(chan struct{})}
+		sub = &subscription{confirmed: make(chan struct{})}
 		ws.locks[lockChannel] = sub
 		channels = append(channels, lockChannel)
 	}
@@ -297,7 +296,7 @@ func (ws *waiting) notice(payload string) {
 	}
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	if sub := ws.locks[keysFor(name).channel]; sub != nil {
+	if sub := ws.locks[channelFor(name)]; sub != nil {
 		for _, w := range sub.waiters {
 			if w.owner == Owner(owner) {
 				w.head = true
