@@ -48,7 +48,9 @@
 // fencing token from the counter redisson_lock_token:{<name>}, strictly
 // greater than all earlier ones and unchanged by re-entry. A protected
 // resource that refuses tokens lower than the highest it has seen turns a
-// stale holder's writes into errors.
+// stale holder's writes into errors. A counter that starts afresh (first use,
+// or a Redis restarted without persistence) starts at the server clock in
+// microseconds, so tokens keep rising across such a restart.
 //
 // # Waiting
 //

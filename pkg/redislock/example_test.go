@@ -34,7 +34,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("held with token", lease.Token())
+	fmt.Println("held:", lease.Err() == nil)
 
 	// Re-entry by the same owner returns the same lease and token.
 	again, _ := mu.Lock(ctx)
@@ -43,10 +43,16 @@ func Example() {
 	_ = mu.Unlock(ctx)
 	_ = mu.Unlock(ctx)
 	fmt.Println("after the final Unlock:", lease.Err())
+
+	// Every new ownership takes a higher fencing token.
+	next, _ := mu.Lock(ctx)
+	fmt.Println("next token is higher:", next.Token() > lease.Token())
+	_ = mu.Unlock(ctx)
 	// Output:
-	// held with token 1
+	// held: true
 	// re-entered: true
 	// after the final Unlock: redislock: lock released
+	// next token is higher: true
 }
 
 func ExampleMutex_TryLock() {

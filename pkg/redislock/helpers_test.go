@@ -55,8 +55,10 @@ func standalone(t testing.TB) (backend, *redistest.Server) {
 	return backend{"standalone", func(t testing.TB) redis.UniversalClient { return srv.Client(t) }}, srv
 }
 
+// cluster is a Redis Cluster of 3 masters, each with a replica, as run in
+// production.
 func cluster(t testing.TB) backend {
-	c := redistest.StartCluster(t, 3, 0)
+	c := redistest.StartCluster(t, 3, 1)
 	return backend{"cluster", func(t testing.TB) redis.UniversalClient { return c.Client(t) }}
 }
 

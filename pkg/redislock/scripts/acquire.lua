@@ -16,6 +16,25 @@
 -- the head of the queue, -1 when the lock has no expiry.
 local lease, owner, queueTTL = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 
+-- next_token takes the fencing token of a new ownership. A counter that starts
+-- afresh (first use, or a Redis restarted without persistence) starts at the
+-- server's clock in microseconds instead of 1: no lock is acquired a million
+-- times a second, so tokens stay above every token handed out before the
+-- restart, and a resource that remembers the highest token it has seen keeps
+-- accepting the new holders.
+local function next_token()
+  local token = redis.call('incr', KEYS[2])
+  if token == 1 then
+    -- Built as a string: Lua would print a number this large in exponent
+    -- form, which INCR could not read back.
+    local t = redis.call('time')
+    local seed = t[1] .. string.format('%06d', tonumber(t[2]))
+    redis.call('set', KEYS[2], seed)
+    token = tonumber(seed)
+  end
+  return token
+end
+
 if redis.call('hexists', KEYS[1], owner) == 1 then
   -- Re-entry keeps the token of the current ownership; nobody else can have
   -- taken a token since, because nobody else held the lock.
@@ -29,7 +48,7 @@ if free and redis.call('exists', KEYS[3]) == 0 then
   -- The uncontended case: a free lock and nobody queued.
   redis.call('hincrby', KEYS[1], owner, 1)
   redis.call('pexpire', KEYS[1], lease)
-  return {1, redis.call('incr', KEYS[2]), 1}
+  return {1, next_token(), 1}
 end
 
 local now = now_ms()
@@ -38,7 +57,7 @@ local head = live_head(KEYS[3], KEYS[4], now)
 if free and (not head or head == owner) then
   redis.call('hincrby', KEYS[1], owner, 1)
   redis.call('pexpire', KEYS[1], lease)
-  local token = redis.call('incr', KEYS[2])
+  local token = next_token()
   if head == owner then
     dequeue(KEYS[3], KEYS[4], owner)
     local next = live_head(KEYS[3], KEYS[4], now)
