@@ -99,6 +99,23 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
+// recordPipelines starts recording pipeline executions, dropping any
+// recorded before.
+func (c *counter) recordPipelines() {
+	c.mu.Lock()
+	c.record, c.events, c.singles = true, nil, nil
+	c.mu.Unlock()
+}
+
+// stopRecording stops recording and returns the pipeline executions
+// recorded since recordPipelines.
+func (c *counter) stopRecording() []pipeEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.record = false
+	return c.events
+}
+
 // snap is a copy of a counter's totals.
 type snap struct {
 	cmds, roundTrips, pipelines, evals int64

@@ -3,14 +3,19 @@
 // github.com/bsm/redislock, in one run against one redis-server it starts
 // itself on a free loopback port, and prints one markdown table.
 //
-//	cd bench && go run ./cmd/lockbench          # full run, about a minute
-//	cd bench && go run ./cmd/lockbench -short   # CI smoke run, ~15 s
+//	cd bench && go run ./cmd/lockbench              # full run, about two minutes
+//	cd bench && go run ./cmd/lockbench -short       # CI smoke run, ~40 s
+//	cd bench && go run ./cmd/lockbench -only=scale  # just the watchdog scale table
 //
-// Scenarios: the PING round trip (the floor); an uncontended Lock+Unlock
-// pair; 8 clients contending for one lock (hold 200 µs, think 500 µs); and
-// 10,000 locks held by one client under lockwarden's watchdog. The machine
+// The comparison table's scenarios: the PING round trip (the floor); an
+// uncontended Lock+Unlock pair; 8 clients contending for one lock (hold
+// 200 µs, think 500 µs); and 10,000 locks held by one client under
+// lockwarden's watchdog. A second table, watchdog scale, shows one lockwarden
+// client holding 1,000, 10,000 and 100,000 locks: renewal round trips, CPU,
+// heap and goroutines per size, and the ratios between sizes. The machine
 // may be noisy: compare the libraries with each other and with the RTT
-// measured in the same run, not with absolute numbers from another run.
+// measured in the same run, and sizes with each other, not with absolute
+// numbers from another run.
 package main
 
 import (
@@ -21,6 +26,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -45,13 +53,42 @@ type config struct {
 	interval  time.Duration
 	intervals int
 
+	scale         sizes
+	scaleLease    time.Duration
+	scaleInterval time.Duration
+
+	only        string // "" (both tables), "compare" or "scale"
 	redisServer string
 	strict      bool
 }
 
+// sizes is a flag holding a comma-separated list of lock counts.
+type sizes []int
+
+func (s *sizes) String() string {
+	parts := make([]string, len(*s))
+	for i, n := range *s {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (s *sizes) Set(v string) error {
+	var out sizes
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return err
+		}
+		out = append(out, n)
+	}
+	*s = out
+	return nil
+}
+
 func parseFlags() config {
-	var cfg config
-	flag.BoolVar(&cfg.short, "short", false, "short run for CI: fewer samples, 2s contended runs, 2,000 locks (explicit flags still win)")
+	cfg := config{scale: sizes{1000, 10000, 100000}}
+	flag.BoolVar(&cfg.short, "short", false, "short run for CI: fewer samples, 2s contended runs, 2,000 locks, scale sizes 1000,10000 (explicit flags still win)")
 	flag.IntVar(&cfg.pings, "pings", 3000, "PING samples for the RTT floor")
 	flag.IntVar(&cfg.pairs, "pairs", 3000, "uncontended Lock+Unlock pairs per library")
 	flag.IntVar(&cfg.clients, "clients", 8, "contending clients (each its own go-redis client and lock client)")
@@ -63,10 +100,14 @@ func parseFlags() config {
 	flag.IntVar(&cfg.locks, "locks", 10000, "locks held by one client in the watchdog scenario")
 	flag.DurationVar(&cfg.lease, "lease", 3*time.Second, "watchdog scenario: lockwarden WatchdogLease")
 	flag.DurationVar(&cfg.interval, "interval", time.Second, "watchdog scenario: lockwarden RenewInterval")
-	flag.IntVar(&cfg.intervals, "intervals", 3, "watchdog scenario: renewal intervals observed")
+	flag.IntVar(&cfg.intervals, "intervals", 3, "watchdog and scale scenarios: renewal intervals observed")
+	flag.Var(&cfg.scale, "scale", "scale scenario: comma-separated numbers of locks held by one lockwarden client, one table row each")
+	flag.DurationVar(&cfg.scaleLease, "scale-lease", 6*time.Second, "scale scenario: lockwarden WatchdogLease")
+	flag.DurationVar(&cfg.scaleInterval, "scale-interval", 2*time.Second, "scale scenario: lockwarden RenewInterval (long enough for a sweep of the largest size)")
+	flag.StringVar(&cfg.only, "only", "", "run one table only: compare (the library comparison) or scale (watchdog scale); default both")
 	flag.StringVar(&cfg.redisServer, "redis-server", "redis-server", "redis-server binary")
 	flag.StringVar(&pauseMode, "pause", "nanosleep", "how hold/think pauses wait: nanosleep (nanosleep(2) + spin, accurate), go (time.Sleep, ~1 ms granularity) or spin (busy yield loop)")
-	flag.BoolVar(&cfg.strict, "strict", false, "exit with status 1 if lockwarden misses a target")
+	flag.BoolVar(&cfg.strict, "strict", false, "exit with status 1 if lockwarden misses a target or fails a scale check")
 	flag.Parse()
 
 	if cfg.short {
@@ -83,6 +124,7 @@ func parseFlags() config {
 		def("rounds", func() { cfg.rounds = 1 })
 		def("warmup", func() { cfg.warmup = 300 * time.Millisecond })
 		def("locks", func() { cfg.locks = 2000 })
+		def("scale", func() { cfg.scale = sizes{1000, 10000} })
 	}
 	return cfg
 }
@@ -103,6 +145,12 @@ func (cfg config) validate() error {
 		return errors.New("-pause must be nanosleep, go or spin")
 	case cfg.intervals < 1:
 		return errors.New("-intervals must be at least 1")
+	case cfg.only != "" && cfg.only != "compare" && cfg.only != "scale":
+		return errors.New("-only must be compare or scale")
+	case cfg.scaleInterval <= 0 || cfg.scaleInterval >= cfg.scaleLease:
+		return errors.New("-scale-interval must be above 0 and below -scale-lease")
+	case len(cfg.scale) == 0 || slices.Min(cfg.scale) < 1:
+		return errors.New("-scale needs one or more sizes of at least 1")
 	}
 	return nil
 }
@@ -137,22 +185,57 @@ func run(ctx context.Context, cfg config) (int, error) {
 		return 0, err
 	}
 	defer srv.Stop()
-	progress := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "lockbench: "+format+"\n", args...)
-	}
 	progress("redis-server %s on %s (GOMAXPROCS=%d, %d CPUs)", srv.Version, srv.Addr, runtime.GOMAXPROCS(0), runtime.NumCPU())
 
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer admin.Close()
+	missed := 0
+	if cfg.only != "scale" {
+		rep, err := runCompare(ctx, cfg, srv, admin)
+		if err != nil {
+			return 0, err
+		}
+		fmt.Print(rep.text)
+		missed += rep.missed
+	}
+	if cfg.only != "compare" {
+		var rows []*scaleRow
+		for _, n := range cfg.scale {
+			progress("watchdog scale: %s locks, lease %v, renew every %v, %d intervals observed", fmtInt(int64(n)), cfg.scaleLease, cfg.scaleInterval, cfg.intervals)
+			r, err := runScale(ctx, cfg, srv.Addr, admin, n)
+			if err != nil {
+				return 0, fmt.Errorf("watchdog scale, %s locks: %w", fmtInt(int64(n)), err)
+			}
+			rows = append(rows, r)
+		}
+		rep := buildScaleReport(cfg, srv, rows)
+		fmt.Print(rep.text)
+		missed += rep.missed
+	}
+
+	_ = admin.Close()
+	srv.Stop()
+	if g := settledGoroutines(); g > gStart+1 { // +1: the signal watcher
+		fmt.Fprintf(os.Stderr, "lockbench: warning: %d goroutines left running (started with %d)\n", g, gStart)
+	}
+	return missed, nil
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "lockbench: "+format+"\n", args...)
+}
+
+// runCompare runs the scenarios of the library comparison table.
+func runCompare(ctx context.Context, cfg config, srv *redisServer, admin *redis.Client) (report, error) {
 	probe, err := probeScriptCounting(ctx, admin)
 	if err != nil {
-		return 0, fmt.Errorf("probe: %w", err)
+		return report{}, fmt.Errorf("probe: %w", err)
 	}
 
 	progress("floor and uncontended: %d PINGs and %d pairs per library, interleaved", cfg.pings, cfg.pairs)
 	unc, err := runUncontended(ctx, cfg, srv.Addr, admin)
 	if err != nil {
-		return 0, fmt.Errorf("uncontended: %w", err)
+		return report{}, fmt.Errorf("uncontended: %w", err)
 	}
 
 	cont := make(map[string]*contendedResult)
@@ -165,7 +248,7 @@ func run(ctx context.Context, cfg config) (int, error) {
 			lib := libraries[(i+r)%len(libraries)]
 			progress("contended round %d/%d: %s, %d clients, %v", r+1, cfg.rounds, lib.name, cfg.clients, window)
 			if err := runContended(ctx, cfg, srv.Addr, admin, lib, window, cont[lib.name]); err != nil {
-				return 0, fmt.Errorf("contended %s: %w", lib.name, err)
+				return report{}, fmt.Errorf("contended %s: %w", lib.name, err)
 			}
 		}
 	}
@@ -173,16 +256,7 @@ func run(ctx context.Context, cfg config) (int, error) {
 	progress("%d locks: lockwarden watchdog (lease %v, renew every %v, %d intervals observed); peers' Extend/Refresh pass", cfg.locks, cfg.lease, cfg.interval, cfg.intervals)
 	many, err := runMany(ctx, cfg, srv.Addr, admin)
 	if err != nil {
-		return 0, fmt.Errorf("many locks: %w", err)
+		return report{}, fmt.Errorf("many locks: %w", err)
 	}
-
-	rep := buildReport(cfg, srv, probe, unc, cont, many)
-	fmt.Print(rep.text)
-
-	_ = admin.Close()
-	srv.Stop()
-	if g := settledGoroutines(); g > gStart+1 { // +1: the signal watcher
-		fmt.Fprintf(os.Stderr, "lockbench: warning: %d goroutines left running (started with %d)\n", g, gStart)
-	}
-	return rep.missed, nil
+	return buildReport(cfg, srv, probe, unc, cont, many), nil
 }

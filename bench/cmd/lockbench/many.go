@@ -191,16 +191,11 @@ func runManyOurs(ctx context.Context, cfg config, addr string, admin *redis.Clie
 		return err
 	}
 	h0 := hook.snap()
-	hook.mu.Lock()
-	hook.record, hook.events, hook.singles = true, nil, nil
-	hook.mu.Unlock()
+	hook.recordPipelines()
 	if !sleepUntil(ctx, we) {
 		return ctx.Err()
 	}
-	hook.mu.Lock()
-	hook.record = false
-	events := hook.events
-	hook.mu.Unlock()
+	events := hook.stopRecording()
 	h1 := hook.snap()
 	s1, err := readCmdStats(ctx, admin)
 	if err != nil {
@@ -219,21 +214,8 @@ func runManyOurs(ctx context.Context, cfg config, addr string, admin *redis.Clie
 	// Every lock was taken more than a lease ago (the window alone is
 	// `intervals` ≥ 3 renew intervals ≥ the lease), so its key only exists
 	// if the watchdog renewed it.
-	for from := 0; from < cfg.locks; from += 1000 {
-		to := min(cfg.locks, from+1000)
-		pipe := admin.Pipeline()
-		cmds := make([]*redis.IntCmd, 0, to-from)
-		for i := from; i < to; i++ {
-			cmds = append(cmds, pipe.Exists(ctx, mutexes[i].Name()))
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			return err
-		}
-		for _, cmd := range cmds {
-			if cmd.Val() == 1 {
-				res.stillHeld++
-			}
-		}
+	if res.stillHeld, err = countExisting(ctx, admin, mutexes); err != nil {
+		return err
 	}
 
 	uctx := context.WithoutCancel(ctx)
@@ -246,6 +228,29 @@ func runManyOurs(ctx context.Context, cfg config, addr string, admin *redis.Clie
 	}
 	res.gAfterClose = settledGoroutines()
 	return nil
+}
+
+// countExisting returns how many of the mutexes' lock keys exist, asking
+// admin in pipelines of 1,000 EXISTS.
+func countExisting(ctx context.Context, admin *redis.Client, mutexes []*lw.Mutex) (int, error) {
+	n := 0
+	for from := 0; from < len(mutexes); from += 1000 {
+		to := min(len(mutexes), from+1000)
+		pipe := admin.Pipeline()
+		cmds := make([]*redis.IntCmd, 0, to-from)
+		for _, m := range mutexes[from:to] {
+			cmds = append(cmds, pipe.Exists(ctx, m.Name()))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return 0, err
+		}
+		for _, cmd := range cmds {
+			if cmd.Val() == 1 {
+				n++
+			}
+		}
+	}
+	return n, nil
 }
 
 func sleepUntil(ctx context.Context, t time.Time) bool {

@@ -136,3 +136,16 @@ func newRedisClient(addr string, hook *counter) *redis.Client {
 	}
 	return rdb
 }
+
+// fmtBytes prints bytes in B, KiB or MiB.
+func fmtBytes(n int64) string {
+	f := float64(n)
+	switch {
+	case math.Abs(f) >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", f/(1<<20))
+	case math.Abs(f) >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", f/(1<<10))
+	default:
+		return fmt.Sprintf("%d B", n)
+	}
+}
