@@ -11,6 +11,7 @@ KUSTOMIZE_VERSION ?= v5.8.1
 export GOWORK = off
 GO ?= go
 GOTEST_FLAGS ?= -race -count=1 -timeout 40m
+SOAK_ACQUISITIONS ?= 1000000
 
 .DEFAULT_GOAL := help
 SHELL := /usr/bin/env bash -o pipefail
@@ -49,8 +50,12 @@ test: test-deps manifests generate vet ## Run every test, with the race detector
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed on:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test $(GOTEST_FLAGS) ./...
 
+.PHONY: soak
+soak: test-deps ## Run the fault soak longer than `make test` does: SOAK_ACQUISITIONS (default 1,000,000) under random faults.
+	LOCKWARDEN_SOAK_ACQUISITIONS=$(SOAK_ACQUISITIONS) $(GO) test -race -count=1 -timeout 12h -run '^TestSoak$$' -v ./pkg/redislock/
+
 .PHONY: bench
-bench: test-deps ## Print the benchmark tables: the library against redsync and bsm/redislock, the controller at scale, and failover against client-go's election.
+bench: test-deps ## Print the benchmark tables: the library against redsync and bsm/redislock, the watchdog at 1k-100k locks, the controller at scale, and failover against client-go's election.
 	cd bench && $(GO) run ./cmd/lockbench $(BENCH_FLAGS)
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./controllers/ ./internal/failover/
 

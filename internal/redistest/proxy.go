@@ -1,7 +1,6 @@
 package redistest
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -74,8 +73,15 @@ func (p *Proxy) accept() {
 	}
 }
 
+// forward copies src to dst until either side closes or fails, then closes
+// both, so a server that dies or restarts resets its clients' connections
+// through the proxy as it would without one.
 func (p *Proxy) forward(dst, src net.Conn) {
 	defer p.copies.Done()
+	defer func() {
+		_ = dst.Close()
+		_ = src.Close()
+	}()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -91,9 +97,6 @@ func (p *Proxy) forward(dst, src net.Conn) {
 			}
 		}
 		if err != nil {
-			if err != io.EOF {
-				_ = dst.Close()
-			}
 			return
 		}
 	}

@@ -48,9 +48,11 @@
 // fencing token from the counter redisson_lock_token:{<name>}, strictly
 // greater than all earlier ones and unchanged by re-entry. A protected
 // resource that refuses tokens lower than the highest it has seen turns a
-// stale holder's writes into errors. A counter that starts afresh (first use,
-// or a Redis restarted without persistence) starts at the server clock in
-// microseconds, so tokens keep rising across such a restart.
+// stale holder's writes into errors. A token is one more than the last, or
+// the server clock in microseconds if that is higher, so tokens keep rising
+// even when Redis loses the counter or its last increments: a restart without
+// persistence, a crash with appendfsync everysec, a failover to a lagging
+// replica.
 //
 // # Waiting
 //

@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envHolderChild) != "" { // a holder process of TestPausedHolder
 		os.Exit(runHolderChild())
 	}
+	if cfg := os.Getenv(envSoakChild); cfg != "" { // a worker process of TestSoak
+		os.Exit(runSoakChild(cfg))
+	}
 	dir, err := os.MkdirTemp("", "redislock-example")
 	if err != nil {
 		panic(err)

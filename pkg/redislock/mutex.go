@@ -80,6 +80,8 @@ func (m *Mutex) leaseTerms() (time.Duration, bool) {
 // returns the same Lease, with the same fencing token. If Redis cannot be
 // reached on the first attempt, Lock returns ErrUnavailable; once waiting,
 // it rides out Redis errors (a failover, a dropped connection) and retries.
+// If the lease ran out before Redis's answer came back (the process was
+// paused, or the network slowed, past the lease), Lock returns ErrLeaseLost.
 func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
 	return m.lock(ctx, -1)
 }
@@ -121,7 +123,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Lease, error) {
 		return nil, err
 	}
 	if res.acquired {
-		return c.hold(m, owner, res, start), nil
+		return stillHeld(c.hold(m, owner, res, start))
 	}
 	if wait == 0 {
 		return nil, ErrWaitTimeout
@@ -134,13 +136,16 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.hold(m, owner, res, start), nil
+	return stillHeld(c.hold(m, owner, res, start))
 }
 
 // Unlock undoes one Lock by the owner. The final Unlock frees the lock,
 // wakes waiters and stops the watchdog's renewal of it before returning. It
 // returns ErrNotHeld if nobody holds the lock, ErrNotOwner if another owner
-// does, and changes nothing in either case.
+// does, and changes nothing in either case. If Redis cannot be reached it
+// returns ErrUnavailable and the hold stays as it was, kept by the watchdog:
+// retry the Unlock (or Close the Client, which stops every renewal), or the
+// lock stays held.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	c := m.c
 	if err := c.checkOpen(); err != nil {
@@ -158,20 +163,29 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	c.renewing.RLock()
 	defer c.renewing.RUnlock()
 
+	// The Unlock that undoes the last Lock this client handed out releases
+	// every level Redis has for the owner: levels this client never handed
+	// out are left over from an acquisition whose reply was lost, and would
+	// otherwise keep the lock held under the watchdog for good.
+	c.mu.Lock()
+	l := c.held[key]
+	final := l == nil || l.levels <= 1
+	c.mu.Unlock()
+
 	sent := time.Now()
 	remaining, err := releaseScript.Run(ctx, c.rdb,
-		m.keys.release, string(owner), lease.Milliseconds()).Int64()
+		m.keys.release, string(owner), lease.Milliseconds(), final).Int64()
 	if err != nil {
 		return unavailable(err)
 	}
 
-	c.mu.Lock()
-	l := c.held[key]
-	c.mu.Unlock()
 	switch {
 	case remaining > 0:
 		if l != nil {
-			c.extend(l, sent, lease)
+			c.mu.Lock()
+			l.levels--
+			c.extendLocked(l, sent, lease)
+			c.mu.Unlock()
 		}
 		return nil
 	case remaining == 0:
@@ -312,6 +326,7 @@ type holdKey struct {
 // Lease is an owner's hold on a lock, from the Lock that took it to the
 // Unlock that freed it. Re-entries share the Lease.
 type Lease struct {
+	c        *Client
 	key      holdKey
 	token    int64
 	acquired time.Time
@@ -319,6 +334,7 @@ type Lease struct {
 	cancel   context.CancelCauseFunc
 
 	// Guarded by Client.mu.
+	levels      int // Locks not yet undone by an Unlock
 	lease       time.Duration
 	watchdog    bool
 	deadline    time.Time // local monotonic deadline of the ownership
@@ -349,8 +365,32 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, and afterwards why it ended (see
-// Context).
-func (l *Lease) Err() error { return context.Cause(l.ctx) }
+// Context). It reads the clock itself rather than trusting the deadline timer
+// to have fired: in a process just resumed from a pause, the timer may not
+// have run yet, but Err already reports the loss.
+func (l *Lease) Err() error {
+	if err := context.Cause(l.ctx); err != nil {
+		return err
+	}
+	c := l.c
+	c.mu.Lock()
+	overdue := c.held[l.key] == l && !time.Now().Before(l.deadline)
+	c.mu.Unlock()
+	if overdue {
+		c.end(l, ErrLeaseLost)
+	}
+	return context.Cause(l.ctx)
+}
+
+// stillHeld returns l, or ErrLeaseLost if its deadline passed before Lock
+// could return it: the process was paused, or the reply slowed, past the
+// lease.
+func stillHeld(l *Lease) (*Lease, error) {
+	if err := l.Err(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
 
 // hold records a successful acquisition and arms its deadline. A re-entry
 // returns the Lease already held; one that was lost is replaced.
@@ -369,11 +409,12 @@ func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time)
 		delete(c.held, key)
 	}
 	if l == nil {
-		l = &Lease{key: key, token: res.token, acquired: res.sent}
+		l = &Lease{c: c, key: key, token: res.token, acquired: res.sent}
 		l.ctx, l.cancel = context.WithCancelCause(context.Background())
 		l.timer = time.AfterFunc(time.Hour, func() { c.checkDeadline(l) })
 		c.held[key] = l
 	}
+	l.levels++
 	l.lease, l.watchdog = lease, watchdog
 	c.extendLocked(l, res.sent, lease)
 	c.mu.Unlock()

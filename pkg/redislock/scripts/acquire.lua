@@ -16,22 +16,19 @@
 -- the head of the queue, -1 when the lock has no expiry.
 local lease, owner, queueTTL = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 
--- next_token takes the fencing token of a new ownership. A counter that starts
--- afresh (first use, or a Redis restarted without persistence) starts at the
--- server's clock in microseconds instead of 1: no lock is acquired a million
--- times a second, so tokens stay above every token handed out before the
--- restart, and a resource that remembers the highest token it has seen keeps
--- accepting the new holders.
+-- next_token takes the fencing token of a new ownership: one more than the
+-- last, or the server clock in microseconds if that is higher. No lock is
+-- taken a million times a second, so tokens follow the clock, and when Redis
+-- loses the counter or its last increments (a restart without persistence, a
+-- crash with appendfsync everysec, a failover to a lagging replica) the next
+-- token still rises above every token handed out before.
 local function next_token()
-  local token = redis.call('incr', KEYS[2])
-  if token == 1 then
-    -- Built as a string: Lua would print a number this large in exponent
-    -- form, which INCR could not read back.
-    local t = redis.call('time')
-    local seed = t[1] .. string.format('%06d', tonumber(t[2]))
-    redis.call('set', KEYS[2], seed)
-    token = tonumber(seed)
-  end
+  local t = redis.call('time')
+  local token = math.max(tonumber(redis.call('get', KEYS[2]) or 0) + 1,
+    tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  -- %d: Lua would print a number this large in exponent form, which INCR
+  -- (a Redisson client's way to take a token) could not read back.
+  redis.call('set', KEYS[2], string.format('%d', token))
   return token
 end
 

@@ -4,6 +4,7 @@
 -- KEYS[2] release channel     redisson_lock__channel:{<name>}
 -- ARGV[1] owner ID
 -- ARGV[2] lease in ms, restored while re-entries remain
+-- ARGV[3] 1 to undo every level of the owner's hold at once, else 0 or absent
 --
 -- Returns the owner's remaining reentry count (0: the lock was freed, and the
 -- release message "0" was published), -1 when the lock is not held by anyone,
@@ -16,7 +17,10 @@ if redis.call('hexists', KEYS[1], owner) == 0 then
   end
   return -1
 end
-local count = redis.call('hincrby', KEYS[1], owner, -1)
+local count = 0
+if ARGV[3] ~= '1' then
+  count = redis.call('hincrby', KEYS[1], owner, -1)
+end
 if count > 0 then
   redis.call('pexpire', KEYS[1], ARGV[2])
   return count

@@ -1,0 +1,587 @@
+package redislock_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// The soak runs soakProcesses copies of the test binary, each with
+// soakClients lock clients, all taking soakLocks locks at random, while the
+// test injects faults. `make soak` runs it longer through
+// envSoakAcquisitions.
+const (
+	envSoakChild        = "REDISLOCK_TEST_SOAK_CHILD" // a soakConfig, as JSON
+	envSoakAcquisitions = "LOCKWARDEN_SOAK_ACQUISITIONS"
+	soakProcesses       = 8
+	soakClients         = 4
+	soakLocks           = 16
+	soakLease           = 2 * time.Second
+	soakDefaultTarget   = 100_000
+)
+
+// soakConfig tells one soak process where to work and who it is.
+type soakConfig struct {
+	LockAddr     string // the lock Redis, through this process's proxy
+	CheckerAddr  string
+	Process      int
+	Incarnation  int // how many times this process has been started
+	WorkerOffset int
+}
+
+// The checker lives in a Redis of its own that no fault touches, and plays
+// the protected resource. For each lock it records who is inside the
+// critical section and the highest fencing token it has accepted; a holder
+// announces itself on entry (which raises the token, like a first write),
+// writes, and leaves. The test records in soak:procs when it pauses
+// (pauses:<p>, frozen:<p>) or kills (inc:<p>) a process, so that finding a
+// frozen or dead holder still inside is told apart from a real overlap.
+//
+// KEYS: soak:in:<lock>, soak:token:<lock>, soak:procs, soak:stats, and
+// soak:timeline, where violations are logged after the faults before them.
+var (
+	checkerEnter = redis.NewScript(`
+local holder, token, proc, inc = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+redis.call('hincrby', KEYS[4], 'acquisitions', 1)
+local highest = redis.call('get', KEYS[2]) or '0'
+if token < tonumber(highest) then
+  -- A token below one the resource has seen: fencing refuses the holder.
+  -- Only a holder paused since it asked for the lock (ARGV[5] is its
+  -- process's pause count then) may come this late; any other is an
+  -- overlap the lease should have prevented.
+  local pauses = redis.call('hget', KEYS[3], 'pauses:' .. proc) or '0'
+  if pauses ~= ARGV[5] or redis.call('hget', KEYS[3], 'frozen:' .. proc) == '1' then
+    redis.call('hincrby', KEYS[4], 'paused holders refused', 1)
+  else
+    redis.call('hincrby', KEYS[4], 'overlaps', 1)
+    redis.call('rpush', KEYS[5], 'overlap: ' .. holder .. ' entered with ' .. ARGV[2] .. ', after ' .. highest)
+  end
+  return 0
+end
+if redis.call('exists', KEYS[1]) == 1 then
+  local o = redis.call('hmget', KEYS[1], 'proc', 'inc', 'pauses')
+  local procInc = redis.call('hget', KEYS[3], 'inc:' .. o[1])
+  local procPauses = redis.call('hget', KEYS[3], 'pauses:' .. o[1]) or '0'
+  local frozen = redis.call('hget', KEYS[3], 'frozen:' .. o[1])
+  if procInc ~= o[2] then
+    redis.call('hincrby', KEYS[4], 'dead holders replaced', 1)
+  elseif procPauses ~= o[3] or frozen == '1' then
+    redis.call('hincrby', KEYS[4], 'paused holders overlapped', 1)
+  else
+    redis.call('hincrby', KEYS[4], 'overlaps', 1)
+    redis.call('rpush', KEYS[5], 'overlap: ' .. holder .. ' entered while ' ..
+      redis.call('hget', KEYS[1], 'holder') .. ' was inside')
+  end
+end
+if token == tonumber(highest) then
+  redis.call('hincrby', KEYS[4], 'token regressions', 1)
+  redis.call('rpush', KEYS[5], 'token regression: ' .. holder .. ' has ' .. ARGV[2] .. ', as the last holder had')
+end
+redis.call('set', KEYS[2], ARGV[2])
+redis.call('hset', KEYS[1], 'holder', holder, 'proc', proc, 'inc', inc,
+  'pauses', redis.call('hget', KEYS[3], 'pauses:' .. proc) or '0')
+return 1`)
+	checkerWrite = redis.NewScript(`
+if tonumber(ARGV[2]) < tonumber(redis.call('get', KEYS[2]) or '0') then
+  redis.call('hincrby', KEYS[4], 'stale writes refused', 1)
+  return 0
+end
+redis.call('hincrby', KEYS[4], 'writes', 1)
+if redis.call('hget', KEYS[1], 'holder') ~= ARGV[1] then
+  redis.call('hincrby', KEYS[4], 'stale writes accepted', 1)
+  redis.call('rpush', KEYS[5], 'stale write accepted: ' .. ARGV[1] .. ' with ' .. ARGV[2])
+end
+redis.call('set', KEYS[2], ARGV[2])
+return 1`)
+	checkerLeave = redis.NewScript(`
+if redis.call('hget', KEYS[1], 'holder') == ARGV[1] then
+  redis.call('del', KEYS[1])
+end
+return 1`)
+)
+
+func checkerKeys(lock string) []string {
+	return []string{"soak:in:" + lock, "soak:token:" + lock, "soak:procs", "soak:stats", "soak:timeline"}
+}
+
+// soakViolations are the checker's counters that must stay 0.
+var soakViolations = []string{"overlaps", "token regressions", "stale writes accepted"}
+
+// TestSoak runs 8 processes of 4 lock clients each over 16 locks until they
+// have made at least 100,000 acquisitions, while faults strike at random:
+// the lock Redis paused, or crashed and restarted from its append-only file;
+// one process's network cut or slowed; one process killed (and started
+// again), or paused past its lease. The checker must see no overlapping
+// holds (but for a paused or dead holder, which only fencing can stop: a
+// paused holder that comes back is refused by its token), no fencing token
+// that fails to rise, and no stale write accepted; no process may grow or
+// leak goroutines, and the race detector must stay quiet.
+func TestSoak(t *testing.T) {
+	target := soakDefaultTarget
+	if v := os.Getenv(envSoakAcquisitions); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want a positive number", envSoakAcquisitions, v)
+		}
+		target = n
+	}
+	// appendfsync always: a crash loses no acknowledged lock (see
+	// TestRedisRestartWithAOF for everysec).
+	lockRedis := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	checker := redistest.Start(t)
+	admin := checker.Client(t)
+	ctx := context.Background()
+
+	s := &soak{t: t, lockRedis: lockRedis, admin: admin, checkerAddr: checker.Addr}
+	for p := range soakProcesses {
+		s.procs = append(s.procs, &soakProc{index: p, proxy: redistest.StartProxy(t, lockRedis.Addr)})
+		s.start(s.procs[p])
+	}
+	t.Cleanup(s.killAll)
+
+	stopFaults := make(chan struct{})
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		s.injectFaults(stopFaults)
+	}()
+	started := time.Now()
+	progress, lastCount := started, 0
+	for {
+		n, err := admin.HGet(ctx, "soak:stats", "acquisitions").Int()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		if n >= target {
+			break
+		}
+		if n > lastCount {
+			progress, lastCount = time.Now(), n
+		} else if time.Since(progress) > 2*time.Minute { // only a hung soak stalls this long
+			t.Fatalf("no acquisition for 2 minutes, at %d of %d", n, target)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	close(stopFaults)
+	<-faultsDone
+	s.stopAll()
+
+	stats, err := admin.HGetAll(ctx, "soak:stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("soak: %s acquisitions in %v by %d processes x %d clients over %d locks", stats["acquisitions"],
+		time.Since(started).Round(time.Second), soakProcesses, soakClients, soakLocks)
+	t.Logf("faults: %s", s.faultSummary())
+	t.Logf("checker: %v", stats)
+	for _, p := range s.procs {
+		t.Logf("process %d (started %d times): %s", p.index, p.incarnation, p.report)
+	}
+	failed := false
+	for _, v := range soakViolations {
+		if n, _ := strconv.Atoi(stats[v]); n != 0 {
+			t.Errorf("checker counted %d %s", n, v)
+			failed = true
+		}
+	}
+	if failed {
+		timeline, _ := admin.LRange(ctx, "soak:timeline", 0, -1).Result()
+		t.Logf("timeline of faults and violations:\n%s", strings.Join(timeline, "\n"))
+	}
+}
+
+// soak is the test side: the processes, and the faults done to them.
+type soak struct {
+	t           *testing.T
+	lockRedis   *redistest.Server
+	admin       *redis.Client
+	checkerAddr string
+	procs       []*soakProc
+
+	mu     sync.Mutex
+	faults map[string]int
+}
+
+type soakProc struct {
+	index       int
+	incarnation int
+	proxy       *redistest.Proxy
+	cmd         *exec.Cmd
+	exited      chan struct{}
+	report      string // its final DONE line
+}
+
+// start starts (or restarts) process p; its incarnation is recorded in the
+// checker first, so holders of an earlier incarnation count as dead.
+func (s *soak) start(p *soakProc) {
+	t := s.t
+	p.incarnation++
+	if err := s.admin.HSet(context.Background(), "soak:procs", fmt.Sprintf("inc:%d", p.index), p.incarnation).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(soakConfig{
+		LockAddr: p.proxy.Addr, CheckerAddr: s.checkerAddr,
+		Process: p.index, Incarnation: p.incarnation, WorkerOffset: p.index * soakClients,
+	})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envSoakChild+"="+string(cfg))
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		scanner := bufio.NewScanner(out)
+		for scanner.Scan() {
+			if line := scanner.Text(); strings.HasPrefix(line, "DONE ") {
+				s.mu.Lock()
+				p.report = strings.TrimPrefix(line, "DONE ")
+				s.mu.Unlock()
+			}
+		}
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	p.cmd, p.exited = cmd, exited
+}
+
+// killAll is the cleanup for a failed test.
+func (s *soak) killAll() {
+	for _, p := range s.procs {
+		if p.cmd != nil {
+			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	}
+}
+
+// stopAll asks every process to finish (SIGTERM) and checks that each
+// exits cleanly: its workers stopped, its clients closed, no goroutine left
+// and no race reported.
+func (s *soak) stopAll() {
+	t := s.t
+	for _, p := range s.procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range s.procs {
+		select {
+		case <-p.exited:
+		case <-time.After(time.Minute):
+			t.Fatalf("process %d did not stop", p.index)
+		}
+		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("process %d exited with %d", p.index, code)
+		}
+		if p.report == "" {
+			t.Errorf("process %d gave no report", p.index)
+		}
+	}
+}
+
+// soakFault is one fault: it strikes, lasts, and is undone before it returns.
+type soakFault struct {
+	name   string
+	strike func(s *soak, p *soakProc, r *rand.Rand)
+}
+
+var soakFaults = []soakFault{
+	{"lock Redis paused", func(s *soak, _ *soakProc, r *rand.Rand) {
+		must(s.t, s.lockRedis.Pause())
+		time.Sleep(randDuration(r, soakLease/10, 3*soakLease/2))
+		must(s.t, s.lockRedis.Resume())
+	}},
+	{"lock Redis crashed and restarted", func(s *soak, _ *soakProc, r *rand.Rand) {
+		s.lockRedis.Stop()
+		time.Sleep(randDuration(r, 0, soakLease))
+		must(s.t, s.lockRedis.Restart())
+	}},
+	{"network cut", func(s *soak, p *soakProc, r *rand.Rand) {
+		p.proxy.Cut()
+		time.Sleep(randDuration(r, soakLease/4, 3*soakLease/2))
+		p.proxy.Heal()
+	}},
+	{"network slowed", func(s *soak, p *soakProc, r *rand.Rand) {
+		p.proxy.Delay(randDuration(r, 10*time.Millisecond, soakLease/2))
+		time.Sleep(randDuration(r, soakLease/4, soakLease))
+		p.proxy.Heal()
+	}},
+	{"process killed and restarted", func(s *soak, p *soakProc, r *rand.Rand) {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		s.start(p)
+	}},
+	{"process paused past its lease", func(s *soak, p *soakProc, r *rand.Rand) {
+		ctx := context.Background()
+		// Marked frozen before the stop, and counted again after it, so
+		// every holder that was inside while stopped is known as paused.
+		must(s.t, s.admin.HSet(ctx, "soak:procs", fmt.Sprintf("frozen:%d", p.index), 1).Err())
+		must(s.t, s.admin.HIncrBy(ctx, "soak:procs", fmt.Sprintf("pauses:%d", p.index), 1).Err())
+		must(s.t, p.cmd.Process.Signal(syscall.SIGSTOP))
+		time.Sleep(randDuration(r, soakLease+soakLease/4, 2*soakLease))
+		must(s.t, p.cmd.Process.Signal(syscall.SIGCONT))
+		must(s.t, s.admin.HIncrBy(ctx, "soak:procs", fmt.Sprintf("pauses:%d", p.index), 1).Err())
+		must(s.t, s.admin.HSet(ctx, "soak:procs", fmt.Sprintf("frozen:%d", p.index), 0).Err())
+	}},
+}
+
+// injectFaults strikes a random fault at a random process every so often
+// until stop closes. Faults do not overlap, and each is undone before the
+// next.
+func (s *soak) injectFaults(stop <-chan struct{}) {
+	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(randDuration(r, soakLease/4, 2*soakLease)):
+		}
+		f, p := soakFaults[r.IntN(len(soakFaults))], s.procs[r.IntN(len(s.procs))]
+		must(s.t, s.admin.RPush(context.Background(), "soak:timeline", fmt.Sprintf("%s: %s (process %d)",
+			time.Now().Format("15:04:05.000"), f.name, p.index)).Err())
+		f.strike(s, p, r)
+		s.mu.Lock()
+		if s.faults == nil {
+			s.faults = make(map[string]int)
+		}
+		s.faults[f.name]++
+		s.mu.Unlock()
+	}
+}
+
+func (s *soak) faultSummary() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var parts []string
+	for _, f := range soakFaults {
+		parts = append(parts, fmt.Sprintf("%s %d", f.name, s.faults[f.name]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func randDuration(r *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Error(err) // Fatal is not allowed outside the test goroutine
+	}
+}
+
+// runSoakChild is one soak process: soakClients clients, each with one
+// worker taking random locks, entering the checker's critical section,
+// writing with its fencing token and leaving, until SIGTERM. Its last line
+// reports what it did and its goroutine counts.
+func runSoakChild(raw string) int {
+	var cfg soakConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "soak child:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	checker := redis.NewClient(&redis.Options{Addr: cfg.CheckerAddr})
+
+	var (
+		w       = soakWorker{cfg: cfg, checker: checker}
+		wg      sync.WaitGroup
+		rdbs    []*redis.Client
+		clients []*redislock.Client
+	)
+	for i := range soakClients {
+		rdb := redis.NewClient(&redis.Options{Addr: cfg.LockAddr})
+		rdbs = append(rdbs, rdb)
+		c, err := redislock.New(rdb, redislock.Options{WatchdogLease: soakLease, RetryFallback: 200 * time.Millisecond})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak child:", err)
+			return 2
+		}
+		clients = append(clients, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(ctx, c, cfg.WorkerOffset+i)
+		}()
+	}
+
+	// Goroutines are counted once the workers have settled in, and again
+	// at the end: faults must not make them grow.
+	var early, late, peak int
+	sample := time.NewTicker(250 * time.Millisecond)
+	defer sample.Stop()
+	settled := time.After(2 * time.Second)
+	for running := true; running; {
+		select {
+		case <-ctx.Done():
+			running = false
+		case <-settled:
+			early = runtime.NumGoroutine()
+		case <-sample.C:
+			late = runtime.NumGoroutine()
+			peak = max(peak, late)
+		}
+	}
+	wg.Wait()
+	for _, c := range clients {
+		_ = c.Close()
+	}
+	for _, rdb := range rdbs {
+		_ = rdb.Close()
+	}
+	_ = checker.Close()
+	stop()
+	leak := "none"
+	if err := goleak.Find(); err != nil {
+		leak = err.Error()
+	}
+	fmt.Printf("DONE acquisitions=%d lock-errors=%v goroutines early=%d late=%d peak=%d leaked=%s\n",
+		w.acquisitions.Load(), w.errorSummary(), early, late, peak, leak)
+	if leak != "none" || (early > 0 && late > early+2*soakClients) {
+		return 1
+	}
+	return 0
+}
+
+// soakWorker is the work of one soak process's workers.
+type soakWorker struct {
+	cfg          soakConfig
+	checker      *redis.Client
+	acquisitions atomic.Int64
+
+	mu     sync.Mutex
+	errors map[string]int // Lock and Unlock errors, by kind
+}
+
+// run takes random locks until ctx ends. Each acquisition enters the
+// checker, writes one to three times while the lease holds, and leaves
+// before unlocking.
+func (w *soakWorker) run(ctx context.Context, c *redislock.Client, worker int) {
+	r := rand.New(rand.NewPCG(uint64(worker), uint64(w.cfg.Incarnation)))
+	mutexes := make(map[string]*redislock.Mutex)
+	for n := 0; ctx.Err() == nil; n++ {
+		name := fmt.Sprintf("soak:lock:%d", r.IntN(soakLocks))
+		m := mutexes[name]
+		if m == nil {
+			m, _ = c.NewMutex(name, nil)
+			mutexes[name] = m
+		}
+		pauses, err := w.checker.HGet(ctx, "soak:procs", fmt.Sprintf("pauses:%d", w.cfg.Process)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			w.noteError("checker", err)
+			continue
+		}
+		lease, err := m.TryLock(ctx, 5*time.Second)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.noteError("lock", err)
+				time.Sleep(20 * time.Millisecond) // Redis may be down
+			}
+			continue
+		}
+		w.acquisitions.Add(1)
+		holder := fmt.Sprintf("%d.%d.%d.%d", w.cfg.Process, w.cfg.Incarnation, worker, n)
+		w.critical(lease, name, holder, pauses, 1+r.IntN(3))
+		w.unlock(m)
+	}
+}
+
+// unlock releases the worker's hold. An Unlock that fails for want of
+// Redis changes nothing, and the watchdog keeps the hold, so it is retried
+// until Redis answers: released, or no longer held.
+func (w *soakWorker) unlock(m *redislock.Mutex) {
+	for range 100 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := m.Unlock(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		w.noteError("unlock", err)
+		if !errors.Is(err, redislock.ErrUnavailable) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// critical is the guarded work: the checker calls go to a Redis that no
+// fault touches, and each is made only while the lease still holds.
+func (w *soakWorker) critical(lease *redislock.Lease, name, holder, pauses string, writes int) {
+	ctx := context.Background()
+	keys := checkerKeys(name)
+	if lease.Err() != nil {
+		return
+	}
+	if pauses == "" {
+		pauses = "0"
+	}
+	args := []any{holder, lease.Token(), w.cfg.Process, w.cfg.Incarnation, pauses}
+	entered, err := checkerEnter.Run(ctx, w.checker, keys, args...).Int()
+	if err != nil || entered == 0 {
+		if err != nil {
+			w.noteError("checker", err)
+		}
+		return
+	}
+	for range writes {
+		if lease.Err() != nil {
+			break
+		}
+		if err := checkerWrite.Run(ctx, w.checker, keys, holder, lease.Token()).Err(); err != nil {
+			w.noteError("checker", err)
+		}
+	}
+	if err := checkerLeave.Run(ctx, w.checker, keys, holder).Err(); err != nil {
+		w.noteError("checker", err)
+	}
+}
+
+// noteError counts err under its typed kind.
+func (w *soakWorker) noteError(op string, err error) {
+	kind := "other"
+	for _, typed := range []error{redislock.ErrWaitTimeout, redislock.ErrUnavailable, redislock.ErrNotOwner, redislock.ErrNotHeld, redislock.ErrLeaseLost, context.Canceled} {
+		if errors.Is(err, typed) {
+			kind = typed.Error()
+			break
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.errors == nil {
+		w.errors = make(map[string]int)
+	}
+	w.errors[op+": "+kind]++
+}
+
+func (w *soakWorker) errorSummary() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.errors
+}
