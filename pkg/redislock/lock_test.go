@@ -33,6 +33,7 @@ func runCoreSuite(t *testing.T, b backend) {
 	t.Run("MissedReleaseMessage", func(t *testing.T) { testMissedMessage(t, b) })
 	t.Run("WaitersServedInOrder", func(t *testing.T) { testFIFO(t, b) })
 	t.Run("FencingTokens", func(t *testing.T) { testFencing(t, b) })
+	t.Run("FinalUnlockReleasesLeftoverLevels", func(t *testing.T) { testLeftoverLevels(t, b) })
 	t.Run("TryLockTimeout", func(t *testing.T) { testTryLockTimeout(t, b) })
 	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, b) })
 	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, b) })
@@ -271,9 +272,53 @@ func testFencing(t *testing.T, b backend) {
 		mustUnlock(t, ctx, m)
 		mustUnlock(t, ctx, m)
 	}
-	ttl, err := rdb.TTL(ctx, "redisson_lock_token:{"+name+"}").Result()
+	counter := "redisson_lock_token:{" + name + "}"
+	ttl, err := rdb.TTL(ctx, counter).Result()
 	if err != nil || ttl != -1 {
 		t.Fatalf("token counter TTL = %v (%v), want none", ttl, err)
+	}
+
+	// Redis loses the counter's last increments, or the whole counter (a
+	// crash, a restart without persistence, a failover): tokens still rise.
+	for _, lose := range []func() error{
+		func() error { return rdb.Set(ctx, counter, 1, 0).Err() },
+		func() error { return rdb.Del(ctx, counter).Err() },
+	} {
+		if err := lose(); err != nil {
+			t.Fatal(err)
+		}
+		m := newMutex(t, c, name, nil)
+		if l := mustLock(t, ctx, m); l.Token() <= last {
+			t.Fatalf("after the counter was set back, token %d is not above %d", l.Token(), last)
+		} else {
+			last = l.Token()
+		}
+		mustUnlock(t, ctx, m)
+	}
+}
+
+// testLeftoverLevels: an acquire that re-entered the owner's hold in Redis
+// but whose reply was lost leaves a level the caller never got. The Unlock
+// of the caller's last Lock releases it too, rather than leaving the lock
+// held under the watchdog.
+func testLeftoverLevels(t *testing.T, b backend) {
+	ctx := testContext(t)
+	rdb := b.newRedis(t)
+	c := newClient(t, rdb, redislock.Options{})
+	name := lockName(t)
+	m := newMutex(t, c, name, nil)
+	mustLock(t, ctx, m)
+	mustLock(t, ctx, m)
+	if err := rdb.HIncrBy(ctx, name, string(m.Owner()), 1).Err(); err != nil { // the lost re-entry
+		t.Fatal(err)
+	}
+	mustUnlock(t, ctx, m)
+	if got := inspect(t, c, name).Holders; len(got) != 1 || got[0].Count != 2 {
+		t.Fatalf("holders after the first of two Unlocks = %+v, want count 2", got)
+	}
+	mustUnlock(t, ctx, m)
+	if inspect(t, c, name).Held() {
+		t.Fatal("lock still held after the Unlock of the caller's last Lock")
 	}
 }
 

@@ -119,6 +119,25 @@ func TestLostLeaseWhenPartitioned(t *testing.T) {
 	}
 }
 
+// TestLockRefusesALeaseThatRanOutInFlight slows the network past a fixed
+// lease: Redis grants the lock, but by the time the answer arrives the lease
+// is over, so Lock reports it lost instead of handing out a lease that
+// another owner may already hold.
+func TestLockRefusesALeaseThatRanOutInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ReadTimeout: 10 * time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := newClient(t, rdb, redislock.Options{})
+	m := newMutex(t, c, lockName(t), &redislock.MutexOptions{Lease: time.Second})
+	if err := rdb.Ping(testContext(t)).Err(); err != nil { // connect before slowing down
+		t.Fatal(err)
+	}
+	proxy.Delay(1200 * time.Millisecond)
+	_, err := m.TryLock(testContext(t), 0)
+	wantErr(t, err, redislock.ErrLeaseLost)
+}
+
 // fence is a protected resource in the test process: it accepts a write
 // only with a fencing token at least as high as any it has accepted.
 type fence struct {
