@@ -155,7 +155,9 @@ func TestSoak(t *testing.T) {
 	s := &soak{t: t, lockRedis: lockRedis, admin: admin, checkerAddr: checker.Addr}
 	for p := range soakProcesses {
 		s.procs = append(s.procs, &soakProc{index: p, proxy: redistest.StartProxy(t, lockRedis.Addr)})
-		s.start(s.procs[p])
+		if err := s.start(s.procs[p]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(s.killAll)
 
@@ -233,11 +235,10 @@ type soakProc struct {
 
 // start starts (or restarts) process p; its incarnation is recorded in the
 // checker first, so holders of an earlier incarnation count as dead.
-func (s *soak) start(p *soakProc) {
-	t := s.t
+func (s *soak) start(p *soakProc) error {
 	p.incarnation++
 	if err := s.admin.HSet(context.Background(), "soak:procs", fmt.Sprintf("inc:%d", p.index), p.incarnation).Err(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	cfg, _ := json.Marshal(soakConfig{
 		LockAddr: p.proxy.Addr, CheckerAddr: s.checkerAddr,
@@ -249,10 +250,10 @@ func (s *soak) start(p *soakProc) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	exited := make(chan struct{})
 	go func() {
@@ -268,6 +269,7 @@ func (s *soak) start(p *soakProc) {
 		close(exited)
 	}()
 	p.cmd, p.exited = cmd, exited
+	return nil
 }
 
 // killAll is the cleanup for a failed test.
@@ -334,7 +336,7 @@ var soakFaults = []soakFault{
 	{"process killed and restarted", func(s *soak, p *soakProc, r *rand.Rand) {
 		_ = p.cmd.Process.Kill()
 		<-p.exited
-		s.start(p)
+		must(s.t, s.start(p))
 	}},
 	{"process paused past its lease", func(s *soak, p *soakProc, r *rand.Rand) {
 		ctx := context.Background()
