@@ -152,7 +152,7 @@ func TestSoak(t *testing.T) {
 	admin := checker.Client(t)
 	ctx := context.Background()
 
-	s := &soak{t: t, lockRedis: lockRedis, admin: admin, checkerAddr: checker.Addr}
+	s := &soak{t: t, lockRedis: lockRedis, admin: admin, checkerAddr: checker.Addr, faults: make(map[string]int)}
 	for p := range soakProcesses {
 		s.procs = append(s.procs, &soakProc{index: p, proxy: redistest.StartProxy(t, lockRedis.Addr)})
 		if err := s.start(s.procs[p]); err != nil {
@@ -368,9 +368,6 @@ func (s *soak) injectFaults(stop <-chan struct{}) {
 			time.Now().Format("15:04:05.000"), f.name, p.index)).Err())
 		f.strike(s, p, r)
 		s.mu.Lock()
-		if s.faults == nil {
-			s.faults = make(map[string]int)
-		}
 		s.faults[f.name]++
 		s.mu.Unlock()
 	}
