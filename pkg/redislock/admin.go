@@ -41,7 +41,7 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		return LockInfo{}, err
 	}
 	k := keysFor(name)
-	reply, err := inspectScript.Run(ctx, c.rdb, k.acquire).Slice()
+	reply, err := inspectScript.Run(ctx, c.rdb, k.all).Slice()
 	if err != nil {
 		return LockInfo{}, unavailable(err)
 	}
@@ -77,9 +77,10 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 
 // ForceRelease removes every hold and wait-queue entry of the lock whose
 // owner ID is "<clientID>:<anything>", whatever its reentry count. If that
-// frees the lock, waiters are woken. Leases this Client held for those
-// owners end with ErrReleased. It returns how many holders it removed. The
-// controller calls it with a pod UID when the pod terminates.
+// frees the lock, it is handed to the next live waiter, as by an Unlock.
+// Leases this Client held for those owners end with ErrReleased. It returns
+// how many holders it removed. The controller calls it with a pod UID when
+// the pod terminates.
 func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, error) {
 	if err := validateName(name); err != nil {
 		return 0, err
@@ -95,7 +96,8 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	defer c.renewing.RUnlock()
 	k := keysFor(name)
 	prefix := clientID + ":"
-	n, err := forceReleaseScript.Run(ctx, c.rdb, k.force, prefix).Int()
+	n, err := forceReleaseScript.Run(ctx, c.rdb, k.all,
+		prefix, noticePrefix, name, c.opts.QueueTTL.Milliseconds()).Int()
 	if err != nil {
 		return 0, unavailable(err)
 	}

@@ -44,8 +44,11 @@ type Options struct {
 	// min(the lock's remaining lease, RetryFallback ± 20%). Default: 1s.
 	RetryFallback time.Duration
 	// QueueTTL is how long a waiter's place in the wait queue lasts without
-	// being refreshed; every retry refreshes it. It bounds how long a crashed
-	// waiter can hold up a free lock. Default: 5 × RetryFallback.
+	// being refreshed; every retry refreshes it. It is also the longest lease
+	// an Unlock by this client grants when it hands the lock to the next
+	// waiter, who then extends it. Together they bound how long a crashed
+	// waiter can hold up the lock: about twice QueueTTL. Default: 5 ×
+	// RetryFallback.
 	QueueTTL time.Duration
 
 	// WaitReplicas, when above 0, makes Lock wait (Redis WAIT) until that
@@ -130,6 +133,10 @@ type Client struct {
 	mu    sync.Mutex
 	held  map[holdKey]*Lease // every lease this client holds
 	waits *waiting
+	// confirms are leases shortened by a hand-over, due for extension;
+	// confirmNow tells the renewal loop.
+	confirms   []*Lease
+	confirmNow chan struct{}
 
 	// renewing is held by the renewal loop while a batch is in flight, so a
 	// final Unlock can wait for it and no renewal follows a release.
@@ -148,10 +155,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		rdb:  rdb,
-		opts: opts,
-		done: make(chan struct{}),
-		held: make(map[holdKey]*Lease),
+		rdb:        rdb,
+		opts:       opts,
+		done:       make(chan struct{}),
+		held:       make(map[holdKey]*Lease),
+		confirmNow: make(chan struct{}, 1),
 	}
 	// Owner numbers start at a random point, so that two processes with
 	// the same ID (two containers of one pod, or a restarted container whose

@@ -56,12 +56,21 @@
 //
 // # Waiting
 //
-// Waiters form a first-come, first-served queue in Redis. When the lock is
-// freed, Redis publishes "0" on redisson_lock__channel:{<name>}, and the
-// waiter at the head of the queue retries. Each client has one pub/sub
-// connection for all its waiters. If a message is missed, a waiter retries
-// after at most min(the lock's remaining lease, Options.RetryFallback ±20%).
-// Redisson clients do not queue; they may take a free lock ahead of it.
+// Waiters form a first-come, first-served queue in Redis. The Unlock that
+// frees the lock hands it straight to the waiter at the head of the queue,
+// with a new token, and tells that waiter on its client's notice channel: the
+// waiter holds the lock when the notice arrives, without another round trip,
+// and no other waiter wakes. The hand-over grants at most Options.QueueTTL of
+// lease, which the new holder extends to its own lease a third of the way
+// in, so a waiter that died while queued holds up the lock for at most about
+// twice QueueTTL. Each client has one pub/sub connection for all its waiters.
+//
+// A lock freed without a hand-over (a Redisson client's release, an expired
+// lease) publishes "0" on redisson_lock__channel:{<name>}, and the head of
+// the queue retries. If a message is missed, a waiter retries after at most
+// min(the lock's remaining lease, Options.RetryFallback ±20%). Redisson
+// clients do not queue: they take the lock when it is free, so they get it
+// once no lockwarden waiter is queued.
 //
 // # Redis layout
 //
@@ -69,8 +78,8 @@
 //	redisson_lock__channel:{<name>}      channel: "0" when the lock is freed
 //	redisson_lock_token:{<name>}         counter: fencing tokens, no expiry
 //	lockwarden_lock_queue:{<name>}       sorted set: waiting owners, by arrival
-//	lockwarden_lock_queue_expiry:{<name>} sorted set: when each waiter's entry lapses
-//	lockwarden_lock__notice:<client ID>  channel: "you are next" notices for a client's waiters
+//	lockwarden_lock_queue_entry:{<name>} hash: owner ID -> "<lapses at, ms> <lease, ms>"
+//	lockwarden_lock__notice:<client ID>  channel: hand-overs and "you are next" notices for a client's waiters
 //
 // All keys of a lock share the hash slot of <name>, so every script call stays
 // within one Redis Cluster slot; names may not contain braces. Standalone,

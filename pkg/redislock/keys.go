@@ -12,10 +12,10 @@ const MaxNameLength = 1024
 // but the lock hash itself carries the name as a hash tag, "{<name>}", so all
 // keys of one lock live in the same Redis Cluster slot as the hash <name>.
 const (
-	channelPrefix     = "redisson_lock__channel:"
-	tokenPrefix       = "redisson_lock_token:"
-	queuePrefix       = "lockwarden_lock_queue:"
-	queueExpiryPrefix = "lockwarden_lock_queue_expiry:"
+	channelPrefix    = "redisson_lock__channel:"
+	tokenPrefix      = "redisson_lock_token:"
+	queuePrefix      = "lockwarden_lock_queue:"
+	queueEntryPrefix = "lockwarden_lock_queue_entry:"
 	// noticePrefix + client ID is the channel on which a client's waiters
 	// learn that they reached the head of a wait queue.
 	noticePrefix = "lockwarden_lock__notice:"
@@ -23,15 +23,13 @@ const (
 	releaseMessage = "0"
 )
 
-// lockKeys are the Redis keys of one lock, and the KEYS lists of its
+// lockKeys are the Redis keys of one lock, and the KEYS list of its
 // scripts, built once per Mutex rather than on every call.
 type lockKeys struct {
-	name, channel, token, queue, queueExpiry string
-
-	acquire []string // acquire.lua and inspect.lua
-	release []string // release.lua
-	leave   []string // leave.lua
-	force   []string // force_release.lua
+	name, channel string
+	// all is the KEYS list of every script but renew.lua, in the order
+	// scripts/lib.lua gives.
+	all []string
 }
 
 // channelFor is the channel on which the lock's release is published.
@@ -39,18 +37,13 @@ func channelFor(name string) string { return channelPrefix + "{" + name + "}" }
 
 func keysFor(name string) lockKeys {
 	tag := "{" + name + "}"
-	k := lockKeys{
-		name:        name,
-		channel:     channelFor(name),
-		token:       tokenPrefix + tag,
-		queue:       queuePrefix + tag,
-		queueExpiry: queueExpiryPrefix + tag,
+	channel := channelFor(name)
+	return lockKeys{
+		name:    name,
+		channel: channel,
+		all: []string{name, channel, tokenPrefix + tag,
+			queuePrefix + tag, queueEntryPrefix + tag},
 	}
-	k.acquire = []string{k.name, k.token, k.queue, k.queueExpiry}
-	k.release = []string{k.name, k.channel}
-	k.leave = []string{k.name, k.queue, k.queueExpiry}
-	k.force = []string{k.name, k.channel, k.queue, k.queueExpiry}
-	return k
 }
 
 // validateName rejects names that cannot be locked safely. Braces are refused

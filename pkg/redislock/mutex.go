@@ -105,36 +105,37 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Lease, error) {
 		return nil, err
 	}
 	start := time.Now()
-	queueTTL := c.opts.QueueTTL
 	if wait == 0 {
-		queueTTL = 0 // a single attempt does not queue
-	}
-
-	// If this client is already subscribed to the lock, registering before
-	// the first attempt means no release message or head notice sent after
-	// it can be missed. Otherwise w is nil, and a failed attempt is retried
-	// once the subscription is confirmed. Neither costs a Redis command.
-	w := c.waits.register(&m.keys, owner)
-	if w != nil {
-		defer c.waits.unregister(w)
-	}
-	res, err := c.waits.attempt(ctx, w, m, owner, queueTTL)
-	if err != nil {
-		return nil, err
-	}
-	if res.acquired {
+		// A single attempt, which neither queues nor waits.
+		res, err := c.tryAcquire(ctx, m, owner, 0, false)
+		if err != nil {
+			return nil, err
+		}
+		if !res.acquired {
+			return nil, ErrWaitTimeout
+		}
 		return stillHeld(c.hold(m, owner, res, start))
 	}
-	if wait == 0 {
-		return nil, ErrWaitTimeout
+
+	var bound <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		bound = t.C
 	}
-	if w == nil {
-		w = newWaiter(&m.keys, owner)
-		defer c.waits.unregister(w)
-	}
-	res, err = c.waits.wait(ctx, w, m, wait, res)
+	w, err := c.waits.enter(ctx, &m.keys, owner, bound)
 	if err != nil {
 		return nil, err
+	}
+	defer c.waits.exit(w)
+	res, err := c.waits.attempt(ctx, w, m, false)
+	if err != nil {
+		return nil, err
+	}
+	if !res.acquired {
+		if res, err = c.waits.wait(ctx, w, m, bound, res); err != nil {
+			return nil, err
+		}
 	}
 	return stillHeld(c.hold(m, owner, res, start))
 }
@@ -173,8 +174,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	c.mu.Unlock()
 
 	sent := time.Now()
-	remaining, err := releaseScript.Run(ctx, c.rdb,
-		m.keys.release, string(owner), lease.Milliseconds(), final).Int64()
+	remaining, err := c.release(ctx, m, owner, lease, final)
 	if err != nil {
 		return unavailable(err)
 	}
@@ -206,24 +206,32 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 }
 
-// acquireResult is the outcome of one acquire attempt.
+// acquireResult is the outcome of one acquire attempt, or of a hand-over.
 type acquireResult struct {
 	acquired bool
-	token    int64         // when acquired
+	token    int64         // when acquired; when not, the latest token taken
+
 	pttl     time.Duration // when not: the lock's remaining lease, 0 if free but reserved, <0 if no expiry
 	head     bool          // when not: this owner heads the wait queue
-	sent     time.Time     // when the attempt was sent, the start of the lease
+	// sent is when the attempt was sent: the lease started no earlier. For a
+	// hand-over, it is when the waiter's last attempt that found it still
+	// queued was sent, since the hand-over came after that attempt.
+	sent time.Time
+	// handover, above 0, is the lease a hand-over granted, which may be
+	// shorter than the one asked for (see free_lock in scripts/lib.lua).
+	handover time.Duration
 }
 
 // tryAcquire runs the acquire script once: one round trip, or one pipelined
-// round trip with WAIT when Options.WaitReplicas is set.
-func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration) (acquireResult, error) {
+// round trip with WAIT when Options.WaitReplicas is set. takeHandover is set
+// for an owner already queued (see acquire.lua's ARGV[6]).
+func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, takeHandover bool) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
 		return acquireResult{}, err // nothing sent, nothing to undo
 	}
 	lease, _ := m.leaseTerms()
-	keys := m.keys.acquire
-	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, m.keys.name}
+	keys := m.keys.all
+	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, m.keys.name, takeHandover}
 
 	res := acquireResult{sent: time.Now()}
 	var reply []any
@@ -240,16 +248,17 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 		}
 		return res, unavailable(err)
 	}
-	if len(reply) != 3 {
+	status, _ := reply[0].(int64)
+	if len(reply) != 3+int(1-status) { // {1, token, count} or {0, pttl, isHead, token}
 		return res, errScriptReply
 	}
-	status, _ := reply[0].(int64)
 	value, _ := reply[1].(int64)
 	third, _ := reply[2].(int64)
 	if status == 1 {
 		res.acquired, res.token = true, value
 	} else {
 		res.pttl, res.head = time.Duration(value)*time.Millisecond, third == 1
+		res.token, _ = reply[3].(int64)
 	}
 	return res, nil
 }
@@ -290,7 +299,7 @@ func (c *Client) acquireSynced(ctx context.Context, m *Mutex, owner Owner, keys 
 	if acked, _ := wait.Int64(); acked < int64(c.opts.WaitReplicas) {
 		if status, _ := reply[0].(int64); status == 1 {
 			lease, _ := m.leaseTerms()
-			_ = releaseScript.Run(ctx, c.rdb, m.keys.release, string(owner), lease.Milliseconds()).Err()
+			_, _ = c.release(ctx, m, owner, lease, false)
 		}
 		return nil, fmt.Errorf("only %d of %d replicas acknowledged the lock within %v", acked, c.opts.WaitReplicas, c.opts.WaitReplicasTimeout)
 	}
@@ -313,8 +322,17 @@ func (c *Client) compensate(m *Mutex, owner Owner) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.RetryFallback)
 	defer cancel()
 	lease, _ := m.leaseTerms()
-	_ = releaseScript.Run(ctx, c.rdb, m.keys.release, string(owner), lease.Milliseconds()).Err()
+	_, _ = c.release(ctx, m, owner, lease, false)
 	c.leaveQueue(ctx, m, owner)
+}
+
+// release runs the release script: it undoes one level of the owner's hold,
+// or every level if all is set, and when that frees the lock hands it to the
+// next live waiter. lease is restored while levels remain. It returns the
+// script's reply (see release.lua).
+func (c *Client) release(ctx context.Context, m *Mutex, owner Owner, lease time.Duration, all bool) (int64, error) {
+	return releaseScript.Run(ctx, c.rdb, m.keys.all, string(owner), lease.Milliseconds(), all,
+		noticePrefix, m.keys.name, c.opts.QueueTTL.Milliseconds()).Int64()
 }
 
 // holdKey identifies one owner's hold on one lock within a client.
@@ -339,7 +357,12 @@ type Lease struct {
 	watchdog    bool
 	deadline    time.Time // local monotonic deadline of the ownership
 	deadlineSet time.Time // send time of the call that set deadline
-	timer       *time.Timer
+	// confirmBy, if set, is when a lease shortened by its hand-over gets
+	// extended to the full lease; confirming is set once that is asked of
+	// the renewal loop.
+	confirmBy  time.Time
+	confirming bool
+	timer      *time.Timer
 }
 
 // Name returns the lock name.
@@ -416,7 +439,11 @@ func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time)
 	}
 	l.levels++
 	l.lease, l.watchdog = lease, watchdog
-	c.extendLocked(l, res.sent, lease)
+	granted := lease
+	if res.handover > 0 && res.handover < lease {
+		granted = res.handover
+	}
+	c.extendLocked(l, res.sent, granted)
 	c.mu.Unlock()
 	if lapsed != nil {
 		c.finish(lapsed, ErrNotOwner)

@@ -10,8 +10,8 @@ import (
 )
 
 var (
-	//go:embed scripts/queue.lua
-	queueLua string
+	//go:embed scripts/lib.lua
+	libLua string
 	//go:embed scripts/acquire.lua
 	acquireLua string
 	//go:embed scripts/release.lua
@@ -28,14 +28,15 @@ var (
 
 // The scripts run with EVALSHA; go-redis falls back to EVAL, which also loads
 // the script, when the server answers NOSCRIPT (after a restart or failover).
-// Scripts that use the wait queue get its helpers prepended.
+// All but renew.lua take the KEYS of lockKeys.all and get the shared helpers
+// of lib.lua prepended.
 var (
-	acquireScript      = redis.NewScript(queueLua + acquireLua)
-	releaseScript      = redis.NewScript(releaseLua)
+	acquireScript      = redis.NewScript(libLua + acquireLua)
+	releaseScript      = redis.NewScript(libLua + releaseLua)
 	renewScript        = redis.NewScript(renewLua)
-	leaveScript        = redis.NewScript(queueLua + leaveLua)
-	forceReleaseScript = redis.NewScript(queueLua + forceReleaseLua)
-	inspectScript      = redis.NewScript(queueLua + inspectLua)
+	leaveScript        = redis.NewScript(libLua + leaveLua)
+	forceReleaseScript = redis.NewScript(libLua + forceReleaseLua)
+	inspectScript      = redis.NewScript(libLua + inspectLua)
 )
 
 func isNoScript(err error) bool {

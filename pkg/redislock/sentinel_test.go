@@ -94,12 +94,12 @@ func (a *answeredOwners) DialHook(next redis.DialHook) redis.DialHook { return n
 func (a *answeredOwners) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if args := cmd.Args(); err == nil && cmd.Name() == "evalsha" && len(args) > 8 {
+		if args := cmd.Args(); err == nil && cmd.Name() == "evalsha" && len(args) > 10 {
 			a.mu.Lock()
 			if a.owners == nil {
 				a.owners = map[string]bool{}
 			}
-			a.owners[fmt.Sprint(args[8])] = true // acquire's ARGV[2], after the SHA, key count and 4 keys
+			a.owners[fmt.Sprint(args[10])] = true // acquire's ARGV[2], after the SHA, key count and 6 keys
 			a.mu.Unlock()
 		}
 		return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -13,10 +14,18 @@ import (
 )
 
 // How waiting works. A lock's waiters form a FIFO queue in Redis (see
-// scripts/queue.lua). Only the head of the queue retries when the release
-// message arrives, so a release wakes one waiter, not a herd. A waiter learns
-// that it became the head from its own attempt, or from a notice on its
-// client's notice channel, sent by the script that moved the queue on.
+// scripts/lib.lua). The release that frees the lock hands it straight to the
+// live head of the queue, and tells it so with a notice on its client's notice
+// channel: the waiter holds the lock when the notice arrives, without another
+// round trip, and no other waiter wakes. Within a client, one Lock call per
+// owner and lock waits at a time (see enter), so a hand-over to an owner
+// belongs to exactly one call.
+//
+// The lock can also come free without a hand-over: a Redisson client
+// releases it, or a holder's lease runs out. Then only the head of the queue
+// may take it, and only the head retries when the release message arrives. A
+// waiter learns that it became the head from its own attempt, or from a
+// notice sent by the script that moved the queue on.
 //
 // Each client has one pub/sub connection, subscribed to its notice channel
 // and to the release channel of every lock it waits for. A lock's channel
@@ -26,6 +35,8 @@ import (
 // Messages can be missed: the connection breaks, or a Redisson client frees
 // the lock while our head does not know it is the head. So a waiter never
 // sleeps longer than min(the lock's remaining lease, RetryFallback ± 20%).
+// Its retries refresh its queue entry, and take a hand-over whose notice was
+// missed.
 
 const (
 	subscriptionLinger = 10 * time.Second
@@ -43,6 +54,7 @@ type waiting struct {
 	pubsub  *redis.PubSub // nil until the first subscription
 	notices *subscription // the notice channel's subscription
 	locks   map[string]*subscription
+	slots   map[holdKey]*waiter // the one waiting Lock call per owner and lock
 }
 
 // subscription is one subscribed channel and the waiters that listen on it.
@@ -61,12 +73,12 @@ func (s *subscription) isConfirmed() bool {
 	}
 }
 
-// waiter is one blocked Lock call.
+// waiter is one Lock call that may wait.
 type waiter struct {
-	name    string
-	channel string // the lock's release channel
-	owner   Owner
+	key     holdKey
+	channel string        // the lock's release channel
 	wake    chan struct{} // buffered: one pending wake-up is enough
+	done    chan struct{} // closed when the call stops waiting
 
 	// Guarded by waiting.mu.
 	sub      *subscription // the lock's subscription, once the waiter is on it
@@ -77,6 +89,20 @@ type waiter struct {
 	// lock's channel and the notice channel when the waiter registered, so
 	// it cannot have missed anything since its first attempt.
 	listening bool
+	// queuedSent is when the waiter's last attempt that left it queued was
+	// sent; a hand-over can only have come after it. lastToken is the latest
+	// token such an attempt saw: a hand-over to this call has a higher one,
+	// while the notice of an earlier hand-over to the same owner, read late,
+	// does not.
+	queuedSent time.Time
+	lastToken  int64
+	handover   *handover // the latest received, not yet taken
+}
+
+// handover is the lock, handed to a waiter by the release that freed it.
+type handover struct {
+	token int64
+	lease time.Duration // as granted, possibly shorter than asked for
 }
 
 func (w *waiter) signal() {
@@ -91,27 +117,47 @@ func newWaiting(c *Client) *waiting {
 		c:             c,
 		noticeChannel: noticePrefix + c.opts.ID,
 		locks:         make(map[string]*subscription),
+		slots:         make(map[holdKey]*waiter),
 	}
 }
 
-func newWaiter(keys *lockKeys, owner Owner) *waiter {
-	return &waiter{name: keys.name, channel: keys.channel, owner: owner, wake: make(chan struct{}, 1)}
-}
-
-// register adds a waiter for the lock before its first attempt, if the
-// client is subscribed to the lock; otherwise it returns nil. It sends
+// enter makes a waiter for a Lock call of owner on the lock, before its first
+// attempt. If another call of the same owner is waiting for the lock in this
+// client, enter first waits for it to finish: the second call then re-enters
+// a lock the first took, or queues in turn. If the client is already
+// subscribed to the lock, the waiter listens from the start, so no release
+// message or notice sent after its first attempt can be missed. enter sends
 // nothing to Redis: subscribing is left to wait, for attempts that fail.
-func (ws *waiting) register(keys *lockKeys, owner Owner) *waiter {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	sub := ws.locks[keys.channel]
-	if sub == nil {
-		return nil
+func (ws *waiting) enter(ctx context.Context, keys *lockKeys, owner Owner, bound <-chan time.Time) (*waiter, error) {
+	key := holdKey{keys.name, owner}
+	for {
+		ws.mu.Lock()
+		if ws.closed {
+			ws.mu.Unlock()
+			return nil, ErrClosed
+		}
+		other := ws.slots[key]
+		if other == nil {
+			w := &waiter{key: key, channel: keys.channel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+			ws.slots[key] = w
+			if sub := ws.locks[keys.channel]; sub != nil {
+				sub.add(w)
+				w.listening = sub.isConfirmed() && ws.notices != nil && ws.notices.isConfirmed()
+			}
+			ws.mu.Unlock()
+			return w, nil
+		}
+		ws.mu.Unlock()
+		select {
+		case <-other.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-bound:
+			return nil, ErrWaitTimeout
+		case <-ws.c.done:
+			return nil, ErrClosed
+		}
 	}
-	w := newWaiter(keys, owner)
-	sub.add(w)
-	w.listening = sub.isConfirmed() && ws.notices != nil && ws.notices.isConfirmed()
-	return w
 }
 
 func (s *subscription) add(w *waiter) {
@@ -119,9 +165,14 @@ func (s *subscription) add(w *waiter) {
 	w.sub = s
 }
 
-func (ws *waiting) unregister(w *waiter) {
+// exit ends a waiter's Lock call, letting the next call of its owner in.
+func (ws *waiting) exit(w *waiter) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
+	if ws.slots[w.key] == w {
+		delete(ws.slots, w.key)
+	}
+	close(w.done)
 	sub := w.sub
 	if sub == nil {
 		return
@@ -283,28 +334,43 @@ func (ws *waiting) released(channel string) {
 	}
 }
 
-// notice handles "<free> <owner> <name>": owner now heads the queue of the
-// lock name, which is free ("1") or held ("0").
+// notice handles a notice for owner about the lock name (see notify in
+// scripts/lib.lua): "1 <owner> <name>" or "0 <owner> <name>", the owner now
+// heads the queue of the lock, which is free or held; "g <owner> <name>
+// <token> <lease ms>", the lock was handed to the owner.
 func (ws *waiting) notice(payload string) {
-	free, rest, ok := strings.Cut(payload, " ")
-	if !ok {
+	fields := strings.Fields(payload)
+	if len(fields) < 3 {
 		return
 	}
-	owner, name, ok := strings.Cut(rest, " ")
-	if !ok {
-		return
-	}
+	kind, key := fields[0], holdKey{name: fields[2], owner: Owner(fields[1])}
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	if sub := ws.locks[channelFor(name)]; sub != nil {
-		for _, w := range sub.waiters {
-			if w.owner == Owner(owner) {
-				w.head = true
-				w.notices++
-				if free == "1" {
-					w.signal()
-				}
-			}
+	w := ws.slots[key]
+	if w == nil || w.sub == nil {
+		// Nobody waits for it here any more. A hand-over is then undone by
+		// the waiter's leave (leave.lua), or runs out with its short lease.
+		return
+	}
+	switch kind {
+	case "g":
+		if len(fields) != 5 {
+			return
+		}
+		token, err1 := strconv.ParseInt(fields[3], 10, 64)
+		ms, err2 := strconv.ParseInt(fields[4], 10, 64)
+		if err1 != nil || err2 != nil {
+			return
+		}
+		if w.handover == nil || token > w.handover.token {
+			w.handover = &handover{token: token, lease: time.Duration(ms) * time.Millisecond}
+		}
+		w.signal()
+	case "0", "1":
+		w.head = true
+		w.notices++
+		if kind == "1" {
+			w.signal()
 		}
 	}
 }
@@ -330,16 +396,15 @@ func (ws *waiting) sweep() {
 // waiter knows it is the head: a head notice is newer than what the attempt
 // can tell, so it wins; a release message means the new head must retry at
 // once rather than sleep through it.
-func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex, owner Owner, queueTTL time.Duration) (acquireResult, error) {
-	if w == nil {
-		return ws.c.tryAcquire(ctx, m, owner, queueTTL)
-	}
+func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex, takeHandover bool) (acquireResult, error) {
 	ws.mu.Lock()
 	notices, releases := w.notices, w.releases
 	ws.mu.Unlock()
-	res, err := ws.c.tryAcquire(ctx, m, owner, queueTTL)
+	res, err := ws.c.tryAcquire(ctx, m, w.key.owner, ws.c.opts.QueueTTL, takeHandover)
 	if err == nil && !res.acquired {
 		ws.mu.Lock()
+		w.queuedSent = res.sent
+		w.lastToken = max(w.lastToken, res.token)
 		w.head = res.head || w.notices != notices
 		if w.head && w.releases != releases {
 			w.signal()
@@ -349,24 +414,38 @@ func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex, owner Owner
 	return res, err
 }
 
+// takeHandover returns the hand-over w received, if any, as an acquisition.
+// A hand-over is taken as it stands only while the lease it granted has more
+// than two thirds left, counted from w's last attempt; an older one is taken
+// with an attempt instead, which renews the full lease.
+func (ws *waiting) takeHandover(w *waiter) (res acquireResult, ok, retry bool) {
+	ws.mu.Lock()
+	h, sent, last := w.handover, w.queuedSent, w.lastToken
+	w.handover = nil
+	ws.mu.Unlock()
+	if h == nil || h.token <= last {
+		return acquireResult{}, false, false
+	}
+	if time.Since(sent) >= h.lease/3 {
+		return acquireResult{}, false, true
+	}
+	return acquireResult{acquired: true, token: h.token, sent: sent, handover: h.lease}, true, false
+}
+
 // wait blocks until w's owner holds the lock, after a first attempt that
-// found it taken. It leaves the wait queue if it gives up.
-func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, wait time.Duration, first acquireResult) (acquireResult, error) {
+// found it taken and queued the owner: until the lock is handed over, or a
+// retry takes it. It leaves the wait queue if it gives up, undoing a
+// hand-over that came too late.
+func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan time.Time, first acquireResult) (acquireResult, error) {
 	c := ws.c
 	ws.mu.Lock()
 	listening := w.listening
 	ws.mu.Unlock()
 
-	var deadline <-chan time.Time
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		deadline = t.C
-	}
 	giveUp := func(err error) (acquireResult, error) {
 		leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
 		defer cancel()
-		c.leaveQueue(leaveCtx, m, w.owner)
+		c.leaveQueue(leaveCtx, m, w.key.owner)
 		return acquireResult{}, err
 	}
 
@@ -380,7 +459,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, wait time.Dura
 			case <-ch:
 			case <-ctx.Done():
 				return giveUp(ctx.Err())
-			case <-deadline:
+			case <-bound:
 				return giveUp(ErrWaitTimeout)
 			case <-c.done:
 				return acquireResult{}, ErrClosed
@@ -388,21 +467,28 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, wait time.Dura
 		}
 	}
 
+	// Every retry is sent as an owner already queued: if it finds the owner
+	// holding the lock, that is a hand-over whose notice was missed or came
+	// too late, and the retry takes it.
 	res, retry := first, !listening
 	sleep := time.NewTimer(0)
 	defer sleep.Stop()
 	for {
-		if retry {
+		handed, took, stale := ws.takeHandover(w)
+		if took {
+			return handed, nil
+		}
+		if retry || stale {
 			if err := c.checkOpen(); err != nil {
 				return acquireResult{}, err
 			}
 			var err error
-			res, err = ws.attempt(ctx, w, m, w.owner, c.opts.QueueTTL)
+			res, err = ws.attempt(ctx, w, m, true)
 			switch {
 			case errors.Is(err, ErrUnavailable):
 				// A failover or a dropped connection: keep waiting, and try
 				// again after the fallback, until ctx or the wait bound ends.
-				c.opts.Logger.Info("lock attempt failed while waiting; retrying", "lock", w.name, "error", err.Error())
+				c.opts.Logger.Info("lock attempt failed while waiting; retrying", "lock", w.key.name, "error", err.Error())
 				res = acquireResult{}
 			case err != nil:
 				return giveUp(err)
@@ -417,7 +503,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, wait time.Dura
 		case <-sleep.C:
 		case <-ctx.Done():
 			return giveUp(ctx.Err())
-		case <-deadline:
+		case <-bound:
 			return giveUp(ErrWaitTimeout)
 		case <-c.done:
 			return acquireResult{}, ErrClosed
@@ -443,8 +529,10 @@ func (c *Client) fallback(pttl time.Duration) time.Duration {
 }
 
 // leaveQueue takes the owner out of the lock's wait queue, passing the head
-// position on. Best effort: an entry left behind expires after QueueTTL.
+// position on, or undoes a hand-over to it that came too late. Best effort:
+// an entry left behind expires after QueueTTL, and a hand-over's lease is at
+// most the QueueTTL of the client that handed it over.
 func (c *Client) leaveQueue(ctx context.Context, m *Mutex, owner Owner) {
-	_ = leaveScript.Run(ctx, c.rdb, m.keys.leave,
-		string(owner), noticePrefix, m.keys.name).Err()
+	_ = leaveScript.Run(ctx, c.rdb, m.keys.all,
+		string(owner), noticePrefix, m.keys.name, c.opts.QueueTTL.Milliseconds()).Err()
 }

@@ -1,23 +1,23 @@
 -- force_release: drop every hold and queue entry whose owner ID starts with a
 -- prefix (a pod UID), whatever its reentry count. The controller's call when a
--- pod terminates.
+-- pod terminates. KEYS: see lib.lua.
 --
--- KEYS[1] lock hash           <name>
--- KEYS[2] release channel     redisson_lock__channel:{<name>}
--- KEYS[3] wait queue          lockwarden_lock_queue:{<name>}
--- KEYS[4] wait queue expiry   lockwarden_lock_queue_expiry:{<name>}
 -- ARGV[1] owner ID prefix
+-- ARGV[2] notice channel prefix
+-- ARGV[3] lock name
+-- ARGV[4] longest lease in ms of a hand-over to the next waiter
 --
--- Returns the number of holders removed. When that empties the lock, the lock
--- is deleted and the release message "0" is published.
+-- Returns the number of holders removed. When that empties the lock, it is
+-- handed to the next waiter, or deleted and the release message "0"
+-- published.
 local prefix = ARGV[1]
 local function owned(id)
   return string.sub(id, 1, #prefix) == prefix
 end
 
-for _, id in ipairs(redis.call('zrange', KEYS[3], 0, -1)) do
+for _, id in ipairs(redis.call('zrange', KEYS[4], 0, -1)) do
   if owned(id) then
-    dequeue(KEYS[3], KEYS[4], id)
+    dequeue(id)
   end
 end
 
@@ -29,7 +29,6 @@ for _, id in ipairs(redis.call('hkeys', KEYS[1])) do
   end
 end
 if removed > 0 and redis.call('hlen', KEYS[1]) == 0 then
-  redis.call('del', KEYS[1])
-  redis.call('publish', KEYS[2], '0')
+  free_lock(ARGV[2], ARGV[3], tonumber(ARGV[4]))
 end
 return removed

@@ -1,28 +1,36 @@
 -- leave: take a waiter that gave up out of the wait queue, and hand the head
--- position on if it had it.
+-- position on if it had it. If the lock was handed to the waiter before it
+-- could leave, undo that hand-over. KEYS: see lib.lua.
 --
--- KEYS[1] lock hash           <name>
--- KEYS[2] wait queue          lockwarden_lock_queue:{<name>}
--- KEYS[3] wait queue expiry   lockwarden_lock_queue_expiry:{<name>}
 -- ARGV[1] owner ID
 -- ARGV[2] notice channel prefix
 -- ARGV[3] lock name
+-- ARGV[4] longest lease in ms of a hand-over to the next waiter
 --
--- Returns 1 when the owner was queued, 0 otherwise.
-local now = now_ms()
-local head = live_head(KEYS[2], KEYS[3], now)
-if not redis.call('zscore', KEYS[2], ARGV[1]) then
-  return 0
-end
-dequeue(KEYS[2], KEYS[3], ARGV[1])
-if head == ARGV[1] then
-  local next = live_head(KEYS[2], KEYS[3], now)
-  if next then
-    local free = '0'
-    if redis.call('exists', KEYS[1]) == 0 then
-      free = '1'
+-- Returns 1 when the owner was queued, 2 when the lock had been handed to it,
+-- 0 otherwise.
+local owner = ARGV[1]
+if redis.call('zscore', KEYS[4], owner) then
+  local head = live_head()
+  dequeue(owner)
+  if head == owner then
+    local next = live_head()
+    if next then
+      local free = '0'
+      if redis.call('exists', KEYS[1]) == 0 then
+        free = '1'
+      end
+      notify(ARGV[2], next, free, ARGV[3])
     end
-    notify_head(ARGV[2], next, free, ARGV[3])
   end
+  return 1
 end
-return 1
+-- Not queued, yet holding: only a hand-over since the waiter's last attempt
+-- can have done that. Undo its one level.
+if redis.call('hexists', KEYS[1], owner) == 1 then
+  if redis.call('hincrby', KEYS[1], owner, -1) <= 0 then
+    free_lock(ARGV[2], ARGV[3], tonumber(ARGV[4]))
+  end
+  return 2
+end
+return 0

@@ -1,15 +1,17 @@
--- release: undo one entry of the owner's hold on the lock.
+-- release: undo one entry of the owner's hold on the lock. KEYS: see lib.lua.
 --
--- KEYS[1] lock hash           <name>
--- KEYS[2] release channel     redisson_lock__channel:{<name>}
 -- ARGV[1] owner ID
 -- ARGV[2] lease in ms, restored while re-entries remain
--- ARGV[3] 1 to undo every level of the owner's hold at once, else 0 or absent
+-- ARGV[3] 1 to undo every level of the owner's hold at once, else 0
+-- ARGV[4] notice channel prefix
+-- ARGV[5] lock name
+-- ARGV[6] longest lease in ms a hand-over grants before the new holder
+--         extends it (the releasing client's queue TTL)
 --
--- Returns the owner's remaining reentry count (0: the lock was freed, and the
--- release message "0" was published), -1 when the lock is not held by anyone,
--- or -2 when it is held by another owner. In both negative cases nothing is
--- changed.
+-- Returns the owner's remaining reentry count (0: the lock was handed to the
+-- next waiter, or freed and the release message "0" published), -1 when the
+-- lock is not held by anyone, or -2 when it is held by another owner. In both
+-- negative cases nothing is changed.
 local owner = ARGV[1]
 if redis.call('hexists', KEYS[1], owner) == 0 then
   if redis.call('exists', KEYS[1]) == 1 then
@@ -25,6 +27,5 @@ if count > 0 then
   redis.call('pexpire', KEYS[1], ARGV[2])
   return count
 end
-redis.call('del', KEYS[1])
-redis.call('publish', KEYS[2], '0')
+free_lock(ARGV[4], ARGV[5], tonumber(ARGV[6]))
 return 0

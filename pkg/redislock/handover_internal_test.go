@@ -1,0 +1,47 @@
+package redislock
+
+import (
+	"context"
+	"testing"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+)
+
+// TestLeaveUndoesALateHandOver: a waiter that gave up just as the lock was
+// handed to it leaves with leave.lua, which undoes the hand-over and passes
+// the lock on to the next waiter. The race is made by hand here, with the
+// scripts the Lock and Unlock calls run.
+func TestLeaveUndoesALateHandOver(t *testing.T) {
+	ctx := context.Background()
+	c, err := New(redistest.Start(t).Client(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m, err := c.NewMutex("late-hand-over", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, _ := m.leaseTerms()
+	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
+	for i, owner := range []Owner{holder, gaveUp, next} {
+		res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false)
+		if err != nil || res.acquired != (i == 0) {
+			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
+		}
+	}
+
+	if n, err := c.release(ctx, m, holder, lease, true); err != nil || n != 0 {
+		t.Fatalf("release = %d, %v; want 0", n, err)
+	}
+	info, err := c.Inspect(ctx, m.Name())
+	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != gaveUp {
+		t.Fatalf("after the release the lock is %+v (%v), want handed to %s", info, err, gaveUp)
+	}
+
+	c.leaveQueue(ctx, m, gaveUp)
+	info, err = c.Inspect(ctx, m.Name())
+	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != next || info.Holders[0].Count != 1 || len(info.Waiters) != 0 {
+		t.Fatalf("after the late waiter left the lock is %+v (%v), want handed on to %s with nobody queued", info, err, next)
+	}
+}
