@@ -209,10 +209,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // acquireResult is the outcome of one acquire attempt, or of a hand-over.
 type acquireResult struct {
 	acquired bool
-	token    int64 // when acquired; when not, the latest token taken
-
-	pttl time.Duration // when not: the lock's remaining lease, 0 if free but reserved, <0 if no expiry
-	head bool          // when not: this owner heads the wait queue
+	token    int64         // when acquired; when not, the latest token taken
+	pttl     time.Duration // when not: the lock's remaining lease, 0 if free but reserved, <0 if no expiry
+	head     bool          // when not: this owner heads the wait queue
 	// sent is when the attempt was sent: the lease started no earlier. For a
 	// hand-over, it is when the waiter's last attempt that found it still
 	// queued was sent, since the hand-over came after that attempt.

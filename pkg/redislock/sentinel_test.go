@@ -94,13 +94,16 @@ func (a *answeredOwners) DialHook(next redis.DialHook) redis.DialHook { return n
 func (a *answeredOwners) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if args := cmd.Args(); err == nil && cmd.Name() == "evalsha" && len(args) > 10 {
-			a.mu.Lock()
-			if a.owners == nil {
-				a.owners = map[string]bool{}
+		args := cmd.Args() // evalsha, SHA, key count, KEYS..., ARGV...
+		if err == nil && cmd.Name() == "evalsha" && len(args) > 3 {
+			if numKeys, ok := args[2].(int); ok && len(args) > 4+numKeys {
+				a.mu.Lock()
+				if a.owners == nil {
+					a.owners = map[string]bool{}
+				}
+				a.owners[fmt.Sprint(args[4+numKeys])] = true // acquire's ARGV[2]
+				a.mu.Unlock()
 			}
-			a.owners[fmt.Sprint(args[10])] = true // acquire's ARGV[2], after the SHA, key count and 6 keys
-			a.mu.Unlock()
 		}
 		return err
 	}

@@ -23,7 +23,7 @@ func bsmRetry() bsm.RetryStrategy { return bsm.LinearBackoff(time.Millisecond) }
 
 const bsmRetryDesc = "bsm/redislock Obtain with RetryStrategy LinearBackoff(1ms), TTL 10s (Obtain gives up after the TTL; the caller retries)"
 const redsyncDesc = "redsync v4 single pool (goredis/v9), default retry policy (32 tries, random 50–250 ms delay; each failed try also sends the release script), expiry 10s (LockContext returns ErrFailed after 32 tries; the caller retries)"
-const oursDesc = "lockwarden Mutex.Lock (FIFO wait queue + pub/sub wake-up), default Options (watchdog lease 30s)"
+const oursDesc = "lockwarden Mutex.Lock (FIFO wait queue; the release hands the lock to the head of the queue and tells it on its pub/sub notice channel), default Options (watchdog lease 30s)"
 
 // locker is one owner's handle on one lock name.
 type locker interface {
