@@ -34,14 +34,7 @@ func testHandOver(t *testing.T, b backend) {
 	waiter := newMutex(t, waiterClient, name, nil)
 	held := mustLock(t, ctx, holder)
 
-	got := make(chan *redislock.Lease, 1)
-	go func() {
-		l, err := waiter.Lock(ctx)
-		if err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-		got <- l
-	}()
+	got := lockInBackground(t, ctx, waiter)
 	// The waiter queues, subscribes, and tries once more now that it
 	// listens: two acquires, then it sleeps.
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 2 }, "the waiter to queue and listen")
@@ -90,14 +83,7 @@ func testHandOverExtended(t *testing.T, b backend) {
 			waiter := newMutex(t, waiterClient, name, &redislock.MutexOptions{Lease: tc.lease})
 			mustLock(t, ctx, holder)
 
-			got := make(chan *redislock.Lease, 1)
-			go func() {
-				l, err := waiter.Lock(ctx)
-				if err != nil {
-					t.Errorf("waiter: %v", err)
-				}
-				got <- l
-			}()
+			got := lockInBackground(t, ctx, waiter)
 			waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
 			mustUnlock(t, ctx, holder)
 			l := <-got
@@ -109,13 +95,7 @@ func testHandOverExtended(t *testing.T, b backend) {
 			}
 			// Three short grants later, the waiter still holds the lock.
 			time.Sleep(3 * grant)
-			info := inspect(t, holderClient, name)
-			if len(info.Holders) != 1 || info.Holders[0].Owner != waiter.Owner() || info.TTL <= grant {
-				t.Fatalf("%v after the hand-over the lock is %+v, want held by %s with more than %v left", 3*grant, info, waiter.Owner(), grant)
-			}
-			if err := l.Err(); err != nil {
-				t.Fatalf("lease ended: %v", err)
-			}
+			wantStillHolding(t, holderClient, waiter, l, grant)
 			mustUnlock(t, ctx, waiter)
 		})
 	}
@@ -134,14 +114,7 @@ func testStaleHandOver(t *testing.T, b backend) {
 	waiter := newMutex(t, waiterClient, name, nil)
 	mustLock(t, ctx, holder)
 
-	got := make(chan *redislock.Lease, 1)
-	go func() {
-		l, err := waiter.Lock(ctx)
-		if err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-		got <- l
-	}()
+	got := lockInBackground(t, ctx, waiter)
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
 	time.Sleep(5 * grant) // the waiter's last attempt is now older than the grant
 	mustUnlock(t, ctx, holder)
@@ -150,13 +123,7 @@ func testStaleHandOver(t *testing.T, b backend) {
 		return
 	}
 	time.Sleep(5 * grant)
-	info := inspect(t, holderClient, name)
-	if len(info.Holders) != 1 || info.Holders[0].Owner != waiter.Owner() || info.TTL < time.Second {
-		t.Fatalf("the lock is %+v, want held by %s with its full lease", info, waiter.Owner())
-	}
-	if err := l.Err(); err != nil {
-		t.Fatalf("lease ended: %v", err)
-	}
+	wantStillHolding(t, holderClient, waiter, l, time.Second) // the full lease, not the grant
 	mustUnlock(t, ctx, waiter)
 }
 
@@ -246,6 +213,33 @@ func testSameOwnerWaiting(t *testing.T, b backend) {
 	mustUnlock(t, ownerCtx, m)
 	if inspect(t, c, name).Held() {
 		t.Fatal("the lock is still held after both Unlocks")
+	}
+}
+
+// lockInBackground runs m.Lock on its own goroutine and sends the lease, or
+// nil after reporting the error.
+func lockInBackground(t *testing.T, ctx context.Context, m *redislock.Mutex) <-chan *redislock.Lease {
+	got := make(chan *redislock.Lease, 1)
+	go func() {
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Errorf("%s: Lock: %v", m.Owner(), err)
+		}
+		got <- l
+	}()
+	return got
+}
+
+// wantStillHolding fails the test unless m's owner alone holds the lock in
+// Redis with more than minTTL left, and its lease l has not ended.
+func wantStillHolding(t *testing.T, c *redislock.Client, m *redislock.Mutex, l *redislock.Lease, minTTL time.Duration) {
+	t.Helper()
+	info := inspect(t, c, m.Name())
+	if len(info.Holders) != 1 || info.Holders[0].Owner != m.Owner() || info.TTL <= minTTL {
+		t.Fatalf("the lock is %+v, want held by %s with more than %v left", info, m.Owner(), minTTL)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease ended: %v", err)
 	}
 }
 
