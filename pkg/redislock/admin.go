@@ -97,7 +97,7 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	k := keysFor(name)
 	prefix := clientID + ":"
 	n, err := forceReleaseScript.Run(ctx, c.rdb, k.all,
-		prefix, noticePrefix, name, c.opts.QueueTTL.Milliseconds()).Int()
+		prefix, noticePrefix, c.opts.QueueTTL.Milliseconds()).Int()
 	if err != nil {
 		return 0, unavailable(err)
 	}

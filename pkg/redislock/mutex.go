@@ -223,14 +223,14 @@ type acquireResult struct {
 
 // tryAcquire runs the acquire script once: one round trip, or one pipelined
 // round trip with WAIT when Options.WaitReplicas is set. takeHandover is set
-// for an owner already queued (see acquire.lua's ARGV[6]).
+// for an owner already queued (see acquire.lua's ARGV[5]).
 func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, takeHandover bool) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
 		return acquireResult{}, err // nothing sent, nothing to undo
 	}
 	lease, _ := m.leaseTerms()
 	keys := m.keys.all
-	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, m.keys.name, takeHandover}
+	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, takeHandover}
 
 	res := acquireResult{sent: time.Now()}
 	var reply []any
@@ -331,7 +331,7 @@ func (c *Client) compensate(m *Mutex, owner Owner) {
 // script's reply (see release.lua).
 func (c *Client) release(ctx context.Context, m *Mutex, owner Owner, lease time.Duration, all bool) (int64, error) {
 	return releaseScript.Run(ctx, c.rdb, m.keys.all, string(owner), lease.Milliseconds(), all,
-		noticePrefix, m.keys.name, c.opts.QueueTTL.Milliseconds()).Int64()
+		noticePrefix, c.opts.QueueTTL.Milliseconds()).Int64()
 }
 
 // holdKey identifies one owner's hold on one lock within a client.

@@ -534,5 +534,5 @@ func (c *Client) fallback(pttl time.Duration) time.Duration {
 // most the QueueTTL of the client that handed it over.
 func (c *Client) leaveQueue(ctx context.Context, m *Mutex, owner Owner) {
 	_ = leaveScript.Run(ctx, c.rdb, m.keys.all,
-		string(owner), noticePrefix, m.keys.name, c.opts.QueueTTL.Milliseconds()).Err()
+		string(owner), noticePrefix, c.opts.QueueTTL.Milliseconds()).Err()
 }

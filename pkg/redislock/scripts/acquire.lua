@@ -5,8 +5,7 @@
 -- ARGV[2] owner ID
 -- ARGV[3] queue TTL in ms; 0 means do not queue (TryLock without waiting)
 -- ARGV[4] notice channel prefix
--- ARGV[5] lock name
--- ARGV[6] '1' when the owner is a waiter already queued: if it holds the
+-- ARGV[5] '1' when the owner is a waiter already queued: if it holds the
 --         lock, the lock was handed to it while it waited, and this call
 --         takes the hand-over instead of re-entering
 --
@@ -31,7 +30,7 @@ if redis.call('hexists', KEYS[1], owner) == 1 then
   -- ownership: nobody else can have taken a token since, because nobody else
   -- held the lock.
   local count
-  if ARGV[6] == '1' then
+  if ARGV[5] == '1' then
     count = tonumber(redis.call('hget', KEYS[1], owner))
   else
     count = redis.call('hincrby', KEYS[1], owner, 1)
@@ -40,9 +39,12 @@ if redis.call('hexists', KEYS[1], owner) == 1 then
   return {1, tonumber(redis.call('get', KEYS[3]) or 0), count}
 end
 
--- Both keys present means held with a queue; one means either.
-if present == 1 and redis.call('exists', KEYS[1]) == 0 then
+-- Held by another owner, or free with a queue: PTTL tells which (-2, no
+-- hash), and is part of the reply when the owner must wait.
+local pttl = redis.call('pttl', KEYS[1])
+if pttl == -2 then
   -- Free, and only the live head of the queue (if any is left) may take it.
+  pttl = 0
   local head = live_head()
   if not head or head == owner then
     redis.call('hset', KEYS[1], owner, 1)
@@ -52,7 +54,7 @@ if present == 1 and redis.call('exists', KEYS[1]) == 0 then
       dequeue(owner)
       local next = live_head()
       if next then
-        notify(ARGV[4], next, '0', ARGV[5])
+        notify(ARGV[4], next, '0')
       end
     end
     return {1, token, 1}
@@ -65,9 +67,5 @@ end
 local isHead = 0
 if redis.call('zrange', KEYS[4], 0, 0)[1] == owner then
   isHead = 1
-end
-local pttl = redis.call('pttl', KEYS[1])
-if pttl == -2 then
-  pttl = 0
 end
 return {0, pttl, isHead, tonumber(redis.call('get', KEYS[3]) or 0)}

@@ -4,8 +4,7 @@
 --
 -- ARGV[1] owner ID prefix
 -- ARGV[2] notice channel prefix
--- ARGV[3] lock name
--- ARGV[4] longest lease in ms of a hand-over to the next waiter
+-- ARGV[3] longest lease in ms of a hand-over to the next waiter
 --
 -- Returns the number of holders removed. When that empties the lock, it is
 -- handed to the next waiter, or deleted and the release message "0"
@@ -28,7 +27,8 @@ for _, id in ipairs(redis.call('hkeys', KEYS[1])) do
     removed = removed + 1
   end
 end
-if removed > 0 and redis.call('hlen', KEYS[1]) == 0 then
-  free_lock(ARGV[2], ARGV[3], tonumber(ARGV[4]))
+-- Removing the last field deleted the hash.
+if removed > 0 and redis.call('exists', KEYS[1]) == 0 then
+  free_lock(ARGV[2], tonumber(ARGV[3]))
 end
 return removed

@@ -4,8 +4,7 @@
 --
 -- ARGV[1] owner ID
 -- ARGV[2] notice channel prefix
--- ARGV[3] lock name
--- ARGV[4] longest lease in ms of a hand-over to the next waiter
+-- ARGV[3] longest lease in ms of a hand-over to the next waiter
 --
 -- Returns 1 when the owner was queued, 2 when the lock had been handed to it,
 -- 0 otherwise.
@@ -20,7 +19,7 @@ if redis.call('zscore', KEYS[4], owner) then
       if redis.call('exists', KEYS[1]) == 0 then
         free = '1'
       end
-      notify(ARGV[2], next, free, ARGV[3])
+      notify(ARGV[2], next, free)
     end
   end
   return 1
@@ -29,7 +28,8 @@ end
 -- can have done that. Undo its one level.
 if redis.call('hexists', KEYS[1], owner) == 1 then
   if redis.call('hincrby', KEYS[1], owner, -1) <= 0 then
-    free_lock(ARGV[2], ARGV[3], tonumber(ARGV[4]))
+    redis.call('del', KEYS[1])
+    free_lock(ARGV[2], tonumber(ARGV[3]))
   end
   return 2
 end

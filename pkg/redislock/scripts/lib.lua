@@ -52,6 +52,15 @@ local function dequeue(owner)
   redis.call('hdel', KEYS[5], owner)
 end
 
+-- live_lease returns the lease a queue entry asked for, or nil once the
+-- entry lapsed (its waiter stopped refreshing it) or if there is none.
+local function live_lease(entry)
+  local expiry, lease = string.match(entry or '', '^(%d+) (%d+)$')
+  if expiry and tonumber(expiry) > now_ms() then
+    return tonumber(lease)
+  end
+end
+
 -- live_head drops lapsed entries from the front of the queue and returns the
 -- live head and the lease it asked for, or false when nobody waits.
 local function live_head()
@@ -60,11 +69,27 @@ local function live_head()
     if not head then
       return false
     end
-    local expiry, lease = string.match(redis.call('hget', KEYS[5], head) or '', '^(%d+) (%d+)$')
-    if expiry and tonumber(expiry) > now_ms() then
-      return head, tonumber(lease)
+    local lease = live_lease(redis.call('hget', KEYS[5], head))
+    if lease then
+      return head, lease
     end
     dequeue(head)
+  end
+end
+
+-- pop_live_head is live_head, but also takes the head it returns off the
+-- queue: one ZPOPMIN instead of a ZRANGE and a ZREM.
+local function pop_live_head()
+  while true do
+    local head = redis.call('zpopmin', KEYS[4])[1]
+    if not head then
+      return false
+    end
+    local lease = live_lease(redis.call('hget', KEYS[5], head))
+    redis.call('hdel', KEYS[5], head)
+    if lease then
+      return head, lease
+    end
   end
 end
 
@@ -76,14 +101,15 @@ local function enqueue(owner, lease, ttl)
 end
 
 -- notify sends a waiter a notice on its client's notice channel, derived from
--- the owner ID "<clientID>:<n>": "<kind> <owner> <name>[ <more>]". Kinds:
--- '1', the waiter heads the queue of a free lock and should try at once; '0',
--- it heads the queue of a held lock and should try on the release message;
--- 'g', the lock was handed to it, with the token and lease (ms) that follow.
-local function notify(prefix, owner, kind, name, more)
+-- the owner ID "<clientID>:<n>": "<kind> <owner> <name>[ <more>]", where the
+-- name is the lock's, KEYS[1]. Kinds: '1', the waiter heads the queue of a
+-- free lock and should try at once; '0', it heads the queue of a held lock
+-- and should try on the release message; 'g', the lock was handed to it, with
+-- the token and lease (ms) that follow.
+local function notify(prefix, owner, kind, more)
   local clientID = string.match(owner, '^(.*):[^:]*$')
   if clientID then
-    local msg = kind .. ' ' .. owner .. ' ' .. name
+    local msg = kind .. ' ' .. owner .. ' ' .. KEYS[1]
     if more then
       msg = msg .. ' ' .. more
     end
@@ -91,15 +117,15 @@ local function notify(prefix, owner, kind, name, more)
   end
 end
 
--- free_lock runs when the lock's last holder is gone. It hands the lock to
--- the live head of the queue, if there is one: the head holds it at once, with
--- a new token, and is told so. Its lease is what it asked for, but at most
--- claimTTL, so a waiter that died while queued holds up the lock for no longer
--- than that; a live one extends its lease once it has the notice. With nobody
--- queued, the lock is deleted and the release message published.
-local function free_lock(prefix, name, claimTTL)
-  redis.call('del', KEYS[1])
-  local head, lease = live_head()
+-- free_lock runs once the lock's hash is gone: its last holder released it
+-- and the caller deleted what was left. It hands the lock to the live head of
+-- the queue, if there is one: the head holds it at once, with a new token, and
+-- is told so. Its lease is what it asked for, but at most claimTTL, so a
+-- waiter that died while queued holds up the lock for no longer than that; a
+-- live one extends its lease once it has the notice. With nobody queued, the
+-- release message is published.
+local function free_lock(prefix, claimTTL)
+  local head, lease = pop_live_head()
   if not head then
     redis.call('publish', KEYS[2], '0')
     return
@@ -107,7 +133,5 @@ local function free_lock(prefix, name, claimTTL)
   lease = math.min(lease, claimTTL)
   redis.call('hset', KEYS[1], head, 1)
   redis.call('pexpire', KEYS[1], lease)
-  local token = next_token()
-  dequeue(head)
-  notify(prefix, head, 'g', name, string.format('%d %d', token, lease))
+  notify(prefix, head, 'g', string.format('%d %d', next_token(), lease))
 end

@@ -4,8 +4,7 @@
 -- ARGV[2] lease in ms, restored while re-entries remain
 -- ARGV[3] 1 to undo every level of the owner's hold at once, else 0
 -- ARGV[4] notice channel prefix
--- ARGV[5] lock name
--- ARGV[6] longest lease in ms a hand-over grants before the new holder
+-- ARGV[5] longest lease in ms a hand-over grants before the new holder
 --         extends it (the releasing client's queue TTL)
 --
 -- Returns the owner's remaining reentry count (0: the lock was handed to the
@@ -13,19 +12,29 @@
 -- lock is not held by anyone, or -2 when it is held by another owner. In both
 -- negative cases nothing is changed.
 local owner = ARGV[1]
-if redis.call('hexists', KEYS[1], owner) == 0 then
+local function not_held()
   if redis.call('exists', KEYS[1]) == 1 then
     return -2
   end
   return -1
 end
-local count = 0
-if ARGV[3] ~= '1' then
-  count = redis.call('hincrby', KEYS[1], owner, -1)
+
+if ARGV[3] == '1' then
+  -- The owner is the hash's only field (the lock is exclusive), so deleting
+  -- the field deletes the hash.
+  if redis.call('hdel', KEYS[1], owner) == 0 then
+    return not_held()
+  end
+else
+  if redis.call('hexists', KEYS[1], owner) == 0 then
+    return not_held()
+  end
+  local count = redis.call('hincrby', KEYS[1], owner, -1)
+  if count > 0 then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return count
+  end
+  redis.call('del', KEYS[1])
 end
-if count > 0 then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return count
-end
-free_lock(ARGV[4], ARGV[5], tonumber(ARGV[6]))
+free_lock(ARGV[4], tonumber(ARGV[5]))
 return 0
