@@ -66,6 +66,9 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 		row{"uncontended Lock+Unlock", "pair / RTT", per(func(n string) string { return fmt.Sprintf("%.2f", float64(pair(n))/float64(rtt)) }),
 			fmt.Sprintf("≤ %.1f", targetPairRTT),
 			verdict(ourPairRatio <= targetPairRTT, fmt.Sprintf("%.2f × RTT, %.0f%% over", ourPairRatio, (ourPairRatio/targetPairRTT-1)*100))},
+		row{"uncontended Lock+Unlock", "the same round trips with empty scripts (the design's floor) / RTT", per(func(n string) string {
+			return fmt.Sprintf("%.2f", float64(unc.shapes[n].pct(50))/float64(rtt))
+		}), "—", "—"},
 		row{"uncontended Lock+Unlock", "of which Redis executing (commandstats usec) / the rest beyond 2 RTT", per(func(n string) string {
 			rest := pair(n) - 2*rtt - unc.server[n]
 			return fmt.Sprintf("%s / %s", fmtDur(unc.server[n]), fmtDur(rest))
@@ -215,7 +218,7 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 
 	// Footnotes.
 	b.WriteString("\nHow this was measured:\n\n")
-	fmt.Fprintf(&b, "- Floor and uncontended: %s PINGs and %s Lock+Unlock pairs per library on one lock name, each series on its own go-redis client, interleaved one sample at a time in rotating order so noise hits all alike. lockwarden: Mutex.Lock/Unlock with the default watchdog lease; redsync: LockContext/UnlockContext, expiry 10s; bsm: Obtain/Release, TTL 10s. Commands and Redis execution time per pair come from a separate batch of %s pairs per library, one library at a time (execution time = INFO commandstats usec of the commands the client sent; a script's time includes the calls it makes).\n",
+	fmt.Fprintf(&b, "- Floor and uncontended: %s PINGs and %s Lock+Unlock pairs per library on one lock name, each series on its own go-redis client, interleaved one sample at a time in rotating order so noise hits all alike. lockwarden: Mutex.Lock/Unlock with the default watchdog lease; redsync: LockContext/UnlockContext, expiry 10s; bsm: Obtain/Release, TTL 10s. Commands and Redis execution time per pair come from a separate batch of %s pairs per library, one library at a time (execution time = INFO commandstats usec of the commands the client sent; a script's time includes the calls it makes). The design's floor: each library's Lock+Unlock commands with the same keys and arguments but every script replaced by an empty one (lockwarden: two EVALSHAs, 5 keys and 5 arguments each; the peers: SET PX and one EVALSHA), interleaved with the pairs on its own go-redis client.\n",
 		fmtInt(int64(cfg.pings)), fmtInt(int64(cfg.pairs)), fmtInt(int64(unc.numPairs["lockwarden"])))
 	fmt.Fprintf(&b, "- Contended: %d goroutines, each with its own go-redis client and lock client, on one lock name: acquire (blocking), hold %v, release, think %v. %v measured per library in %d round(s) with rotating order, each after a %v unmeasured warm-up (dial, script load, SUBSCRIBE). Wait = start of the acquire call to its return (for the peers, across the caller's retries when the library gives up). Holds/thinks use nanosleep + spin (Go's time.Sleep rounds sub-ms sleeps up to ~1 ms); measured hold median: %s.\n",
 		cfg.clients, cfg.hold, cfg.think, cfg.contended, cfg.rounds, cfg.warmup, holdMedian(cont))

@@ -12,8 +12,10 @@ import (
 // Lock+Unlock pair latencies, measured interleaved in rounds on one client so
 // that machine noise hits all of them alike.
 type uncontendedResult struct {
-	rtt      durations // sorted
-	pairs    map[string]durations
+	rtt    durations // sorted
+	pairs  map[string]durations
+	shapes map[string]durations // each library's round trips with empty scripts
+
 	sent     map[string]sent
 	numPairs map[string]int
 	server   map[string]time.Duration // Redis execution time per pair
@@ -64,6 +66,14 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 		return time.Since(start), err
 	}
 
+	shapeRdb := newRedisClient(addr, nil)
+	defer shapeRdb.Close()
+	shape := func(name string) (time.Duration, error) {
+		start := time.Now()
+		err := shapes[name](ctx, shapeRdb)
+		return time.Since(start), err
+	}
+
 	// Warm up: dial, load scripts (the first EVALSHA answers NOSCRIPT).
 	for range 50 {
 		if _, err := ping(); err != nil {
@@ -73,11 +83,15 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 			if _, err := pair(e.l); err != nil {
 				return nil, fmt.Errorf("%s: %w", e.lib.name, err)
 			}
+			if _, err := shape(e.lib.name); err != nil {
+				return nil, fmt.Errorf("%s's shape: %w", e.lib.name, err)
+			}
 		}
 	}
 
 	res := &uncontendedResult{
 		pairs:    make(map[string]durations),
+		shapes:   make(map[string]durations),
 		sent:     make(map[string]sent),
 		numPairs: make(map[string]int),
 		server:   make(map[string]time.Duration),
@@ -114,11 +128,18 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 				return nil, fmt.Errorf("%s: %w", e.lib.name, err)
 			}
 			res.pairs[e.lib.name] = append(res.pairs[e.lib.name], d)
+			if d, err = shape(e.lib.name); err != nil {
+				return nil, fmt.Errorf("%s's shape: %w", e.lib.name, err)
+			}
+			res.shapes[e.lib.name] = append(res.shapes[e.lib.name], d)
 		}
 	}
 	res.rtt = res.rtt.sorted()
 	for name, d := range res.pairs {
 		res.pairs[name] = d.sorted()
+	}
+	for name, d := range res.shapes {
+		res.shapes[name] = d.sorted()
 	}
 
 	// Commands and Redis execution time: one library at a time, so the
@@ -174,4 +195,41 @@ func addStats(a, b cmdStats) cmdStats {
 		out[k] += v
 	}
 	return out
+}
+
+// emptyScript does nothing: with it, shapes time a library's round trips
+// without the work its scripts do.
+var emptyScript = redis.NewScript("return 0")
+
+// shapes send, per library, the commands its uncontended Lock+Unlock sends,
+// with the same keys and arguments, but with every script replaced by
+// emptyScript: the floor of that design on this machine, as far as the
+// scripts' work goes. lockwarden runs a script for each; the peers SET and
+// run a script for the release.
+var shapes = map[string]func(ctx context.Context, rdb *redis.Client) error{
+	"lockwarden": func(ctx context.Context, rdb *redis.Client) error {
+		const name = "lockbench:shape:lockwarden"
+		const tag = "{" + name + "}"
+		keys := []string{name, "redisson_lock__channel:" + tag, "redisson_lock_token:" + tag,
+			"lockwarden_lock_queue:" + tag, "lockwarden_lock_queue_entry:" + tag}
+		const owner, prefix = "6f1ed002-ab5d-4b2f-9c3a-1c8a2e3d4f5a:1", "lockwarden_lock__notice:"
+		if err := emptyScript.Run(ctx, rdb, keys, 30000, owner, 5000, prefix, false).Err(); err != nil {
+			return err
+		}
+		return emptyScript.Run(ctx, rdb, keys, owner, 30000, true, prefix, 5000).Err()
+	},
+	"redsync":       setThenScript("lockbench:shape:redsync"),
+	"bsm/redislock": setThenScript("lockbench:shape:bsm"),
+}
+
+func setThenScript(key string) func(ctx context.Context, rdb *redis.Client) error {
+	return func(ctx context.Context, rdb *redis.Client) error {
+		const value = "Ksd8Xx1PqzS2tUeCfW9mLg=="
+		// A plain SET PX, as the peers' SET NX PX finds the key gone after
+		// a real release, while the empty script leaves it in place.
+		if err := rdb.Set(ctx, key, value, peerTTL).Err(); err != nil {
+			return err
+		}
+		return emptyScript.Run(ctx, rdb, []string{key}, value).Err()
+	}
 }
