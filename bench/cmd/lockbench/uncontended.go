@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -98,8 +99,29 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 		cpu:      make(map[string]time.Duration),
 	}
 
-	// Latency: PINGs and pairs interleaved one by one, the order rotating,
-	// so that noise on this machine hits every series alike.
+	// Latency: PINGs, pairs and shapes interleaved one by one, in a new
+	// random order each round, so that noise on this machine hits every
+	// series alike, and none always follows the same other one: what ran
+	// just before changes how awake the processes are, and so the latency.
+	type series struct {
+		name    string
+		samples int
+		sample  func() (time.Duration, error)
+		got     durations
+		store   func(sorted durations)
+	}
+	all := []*series{{name: "PING", samples: cfg.pings, sample: ping,
+		store: func(d durations) { res.rtt = d }}}
+	for _, e := range entries {
+		name := e.lib.name
+		all = append(all,
+			&series{name: name, samples: cfg.pairs,
+				sample: func() (time.Duration, error) { return pair(e.l) },
+				store:  func(d durations) { res.pairs[name] = d }},
+			&series{name: name + "'s shape", samples: cfg.pairs,
+				sample: func() (time.Duration, error) { return shape(name) },
+				store:  func(d durations) { res.shapes[name] = d }})
+	}
 	n := max(cfg.pings, cfg.pairs)
 	for i := range n {
 		if i%64 == 0 {
@@ -107,39 +129,20 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 				return nil, err
 			}
 		}
-		for j := range len(entries) + 1 {
-			k := (i + j) % (len(entries) + 1)
-			if k == len(entries) {
-				if i < cfg.pings {
-					d, err := ping()
-					if err != nil {
-						return nil, err
-					}
-					res.rtt = append(res.rtt, d)
-				}
+		for _, j := range rand.Perm(len(all)) {
+			s := all[j]
+			if i >= s.samples {
 				continue
 			}
-			if i >= cfg.pairs {
-				continue
-			}
-			e := entries[k]
-			d, err := pair(e.l)
+			d, err := s.sample()
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", e.lib.name, err)
+				return nil, fmt.Errorf("%s: %w", s.name, err)
 			}
-			res.pairs[e.lib.name] = append(res.pairs[e.lib.name], d)
-			if d, err = shape(e.lib.name); err != nil {
-				return nil, fmt.Errorf("%s's shape: %w", e.lib.name, err)
-			}
-			res.shapes[e.lib.name] = append(res.shapes[e.lib.name], d)
+			s.got = append(s.got, d)
 		}
 	}
-	res.rtt = res.rtt.sorted()
-	for name, d := range res.pairs {
-		res.pairs[name] = d.sorted()
-	}
-	for name, d := range res.shapes {
-		res.shapes[name] = d.sorted()
+	for _, s := range all {
+		s.store(s.got.sorted())
 	}
 
 	// Commands and Redis execution time: one library at a time, so the
