@@ -9,14 +9,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// uncontendedResult holds the floor (PING RTT) and the uncontended
-// Lock+Unlock pair latencies, measured interleaved in rounds on one client so
-// that machine noise hits all of them alike.
+// uncontendedResult holds the floor (PING RTT), the uncontended Lock+Unlock
+// pair latencies and each library's design floor (shapes), measured
+// interleaved in rounds, each series on its own client, so that machine noise
+// hits all of them alike.
 type uncontendedResult struct {
-	rtt    durations // sorted
-	pairs  map[string]durations
-	shapes map[string]durations // each library's round trips with empty scripts
-
+	rtt      durations // sorted
+	pairs    map[string]durations
+	shapes   map[string]durations // each library's round trips with empty scripts
 	sent     map[string]sent
 	numPairs map[string]int
 	server   map[string]time.Duration // Redis execution time per pair
