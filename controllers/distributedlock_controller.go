@@ -51,7 +51,7 @@ type DistributedLockReconciler struct {
 // grant is a lease the controller holds for a pod.
 type grant struct {
 	mutex  *redislock.Mutex
-	lease  *redislock.Lease
+	lease  *redislock.Hold
 	podUID types.UID
 }
 

@@ -146,8 +146,8 @@ func TestInPodClientHolderReleasedOnTermination(t *testing.T) {
 
 	eventually(t, "the in-pod client's hold to show", func() bool { return holderOf(t, lock) == "app" })
 	st := getLock(t, lock).Status
-	if st.Holder.GrantedByController || st.Holder.OwnerID != string(m.Owner()) || st.Holder.Token != lease.Token() {
-		t.Fatalf("holder = %+v, want the in-pod owner %s with token %d", st.Holder, m.Owner(), lease.Token())
+	if st.Holder.GrantedByController || st.Holder.OwnerID != string(lease.Owner()) || st.Holder.Token != lease.Token() {
+		t.Fatalf("holder = %+v, want the in-pod owner %s with token %d", st.Holder, lease.Owner(), lease.Token())
 	}
 
 	setPhase(t, getPod(t, app), corev1.PodFailed)

@@ -39,7 +39,7 @@ func TestDemo(t *testing.T) {
 		{"the in-pod holder is shown", `(?m)^jobs\s+worker\s+[0-9a-f-]{36}:[0-9]+\s+false\s+\d+$`},
 		{"the in-pod hold is released", `(?m)^jobs\s+demo/jobs\s+\S+$`},
 		{"Redis shows it released", `-> Redis: demo/jobs is free`},
-		{"the worker learns it", `the worker's lease\.Context\(\) ended: `},
+		{"the worker learns it", `the worker's hold\.Context\(\) ended: `},
 		{"the summary", `All checks passed in `},
 	}
 	for _, f := range facts {

@@ -528,7 +528,7 @@ func (d *demo) inPodClient(ctx context.Context) error {
 		"before that resource even exists. The demo runs the worker's code itself:",
 		"",
 		fmt.Sprintf("  client, _ := redislock.New(rdb, redislock.Options{ID: %q}) // as FromEnv does", uid),
-		fmt.Sprintf("  lease, _ := client.NewMutex(redislock.LockName(%q, \"jobs\"), nil).Lock(ctx)", namespace))
+		fmt.Sprintf("  hold, _ := client.NewMutex(redislock.LockName(%q, \"jobs\"), nil).Lock(ctx)", namespace))
 	rdb := redis.NewClient(&redis.Options{Addr: d.e.redisAddr})
 	defer rdb.Close()
 	// A short watchdog lease, so the worker notices the release within a second.
@@ -542,7 +542,7 @@ func (d *demo) inPodClient(ctx context.Context) error {
 		return err
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, waitTimeout)
-	lease, err := mutex.Lock(lockCtx)
+	hold, err := mutex.Lock(lockCtx)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("the worker's Lock: %w", err)
@@ -557,8 +557,8 @@ func (d *demo) inPodClient(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(d.out, "  -> Redis: %s\n", describe(info))
-	if !info.Held() || info.Holders[0].Owner != lease.Owner() {
-		return &checkError{what: "the lock in Redis", expected: "held by " + string(lease.Owner()), got: describe(info)}
+	if !info.Held() || info.Holders[0].Owner != hold.Owner() {
+		return &checkError{what: "the lock in Redis", expected: "held by " + string(hold.Owner()), got: describe(info)}
 	}
 
 	d.say("Now the DistributedLock for that key:")
@@ -583,9 +583,9 @@ spec:
 		return err
 	}
 	h := lock.Status.Holder
-	if h.GrantedByController || h.OwnerID != string(lease.Owner()) || h.Token != lease.Token() || h.PodUID != uid {
+	if h.GrantedByController || h.OwnerID != string(hold.Owner()) || h.Token != hold.Token() || h.PodUID != uid {
 		return &checkError{what: "the holder of jobs",
-			expected: fmt.Sprintf("pod worker, owner %s, grantedByController=false, token %d", lease.Owner(), lease.Token()),
+			expected: fmt.Sprintf("pod worker, owner %s, grantedByController=false, token %d", hold.Owner(), hold.Token()),
 			got:      fmt.Sprintf("pod %s, owner %s, grantedByController=%t, token %d", h.PodName, h.OwnerID, h.GrantedByController, h.Token)}
 	}
 	d.ok("the controller shows the worker's own hold: owner %s, grantedByController=false", h.OwnerID)
@@ -608,15 +608,15 @@ spec:
 		return &checkError{what: "the lock in Redis after the worker failed", expected: "free", got: describe(info)}
 	}
 	select {
-	case <-lease.Done():
-		fmt.Fprintf(d.out, "  -> the worker's lease.Context() ended: %v\n", lease.Err())
+	case <-hold.Done():
+		fmt.Fprintf(d.out, "  -> the worker's hold.Context() ended: %v\n", hold.Err())
 	case <-time.After(waitTimeout):
-		return &checkError{what: "the worker's lease", expected: "its context cancelled once the hold was released", got: "still live"}
+		return &checkError{what: "the worker's hold", expected: "its context cancelled once the hold was released", got: "still live"}
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if !errors.Is(lease.Err(), redislock.ErrNotOwner) {
-		return &checkError{what: "why the worker's lease ended", expected: redislock.ErrNotOwner.Error(), got: fmt.Sprint(lease.Err())}
+	if !errors.Is(hold.Err(), redislock.ErrNotOwner) {
+		return &checkError{what: "why the worker's hold ended", expected: redislock.ErrNotOwner.Error(), got: fmt.Sprint(hold.Err())}
 	}
 	pod, err := d.pod(ctx, "worker")
 	if err != nil {

@@ -186,18 +186,19 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 }
 
 // hold takes the lock with the fixture's client, as another pod would,
-// until the test ends or it unlocks the Mutex.
-func (f *fixture) hold(t *testing.T, name string) *redislock.Mutex {
+// until the test ends or it unlocks the returned Hold.
+func (f *fixture) hold(t *testing.T, name string) *redislock.Hold {
 	t.Helper()
 	m, err := f.client.NewMutex(name, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Lock(context.Background()); err != nil {
+	hold, err := m.Lock(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = m.Unlock(context.Background()) })
-	return m
+	t.Cleanup(func() { _ = hold.Unlock(context.Background()) })
+	return hold
 }
 
 func (f *fixture) inspect(t *testing.T, name string) redislock.LockInfo {

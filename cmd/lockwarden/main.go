@@ -15,6 +15,8 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
 func main() { os.Exit(lockwarden(os.Args[1:])) }
@@ -70,8 +72,8 @@ func parseRun(args []string) (*guard, error) {
 		return nil, errors.New("--wait must not be negative")
 	case g.grace < 0:
 		return nil, errors.New("--grace must not be negative")
-	case g.lease <= 0:
-		return nil, errors.New("--lease must be positive")
+	case g.lease < redislock.MinLease || g.lease%time.Millisecond != 0:
+		return nil, fmt.Errorf("--lease must be a whole number of milliseconds, at least %v", redislock.MinLease)
 	case len(g.argv) == 0:
 		return nil, errors.New("no command to run; give it after --")
 	}

@@ -76,22 +76,22 @@ func (g *guard) run() int {
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT) // the signals in signalNames
 	defer signal.Stop(signals)
 
-	lease, code := g.acquire(m, signals)
-	if lease == nil {
+	hold, code := g.acquire(m, signals)
+	if hold == nil {
 		return code
 	}
-	code, lost := g.supervise(lease, signals)
-	release(m, lost)
+	code, lost := g.supervise(hold, signals)
+	release(hold, lost)
 	return code
 }
 
 // acquire takes the lock, waiting as --wait and --skip say. A signal ends
-// the wait, and lockwarden exits as if killed by it. It returns the lease,
+// the wait, and lockwarden exits as if killed by it. It returns the hold,
 // or nil and the exit status.
-func (g *guard) acquire(m *redislock.Mutex, signals <-chan os.Signal) (*redislock.Lease, int) {
+func (g *guard) acquire(m *redislock.Mutex, signals <-chan os.Signal) (*redislock.Hold, int) {
 	type result struct {
-		lease *redislock.Lease
-		err   error
+		hold *redislock.Hold
+		err  error
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -99,9 +99,9 @@ func (g *guard) acquire(m *redislock.Mutex, signals <-chan os.Signal) (*redisloc
 	go func() {
 		var r result
 		if g.wait == waitForever {
-			r.lease, r.err = m.Lock(ctx)
+			r.hold, r.err = m.Lock(ctx)
 		} else {
-			r.lease, r.err = m.TryLock(ctx, g.wait)
+			r.hold, r.err = m.TryLock(ctx, g.wait)
 		}
 		done <- r
 	}()
@@ -112,14 +112,14 @@ func (g *guard) acquire(m *redislock.Mutex, signals <-chan os.Signal) (*redisloc
 	case sig := <-signals:
 		cancel()
 		if r = <-done; r.err == nil { // taken as the signal came
-			release(m, false)
+			release(r.hold, false)
 		}
 		logf("got %s while waiting for lock %q; not running %s", signalNames[sig], m.Name(), g.argv[0])
 		return nil, exitSignal + int(sig.(syscall.Signal))
 	}
 	switch {
 	case r.err == nil:
-		return r.lease, 0
+		return r.hold, 0
 	case errors.Is(r.err, redislock.ErrWaitTimeout):
 		logf("lock %q is held elsewhere; gave up after waiting %v; not running %s", m.Name(), g.wait, g.argv[0])
 		return nil, exitLocked
@@ -129,15 +129,15 @@ func (g *guard) acquire(m *redislock.Mutex, signals <-chan os.Signal) (*redisloc
 	}
 }
 
-// supervise runs CMD while lease holds, and stops it if the lease is lost
-// or lockwarden is signalled. It returns the exit status and whether the
-// lock was lost.
-func (g *guard) supervise(lease *redislock.Lease, signals <-chan os.Signal) (code int, lost bool) {
+// supervise runs CMD while hold holds, and stops it if the lock is lost or
+// lockwarden is signalled. It returns the exit status and whether the lock
+// was lost.
+func (g *guard) supervise(hold *redislock.Hold, signals <-chan os.Signal) (code int, lost bool) {
 	cmd := exec.Command(g.argv[0], g.argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
-		"LOCKWARDEN_LOCK="+lease.Name(),
-		"LOCKWARDEN_FENCING_TOKEN="+strconv.FormatInt(lease.Token(), 10))
+		"LOCKWARDEN_LOCK="+hold.Name(),
+		"LOCKWARDEN_FENCING_TOKEN="+strconv.FormatInt(hold.Token(), 10))
 	// CMD leads its own process group, and signals go to the group: a
 	// shell script's current command would otherwise keep running after
 	// the lock is lost, or outlive a SIGKILLed shell.
@@ -163,16 +163,16 @@ func (g *guard) supervise(lease *redislock.Lease, signals <-chan os.Signal) (cod
 			kill = time.After(g.grace)
 		}
 	}
-	leaseDone := lease.Done()
+	holdDone := hold.Done()
 	for {
 		select {
 		case <-exited:
 			return exitStatus(cmd.ProcessState, lost), lost
-		case <-leaseDone:
-			// Only a loss ends the lease before release: ErrNotOwner or
+		case <-holdDone:
+			// Only a loss ends the hold before release: ErrNotOwner or
 			// ErrLeaseLost.
-			leaseDone, lost = nil, true
-			logf("lost lock %q: %v; stopping %s with SIGTERM", lease.Name(), lease.Err(), g.argv[0])
+			holdDone, lost = nil, true
+			logf("lost lock %q: %v; stopping %s with SIGTERM", hold.Name(), hold.Err(), g.argv[0])
 			stop(syscall.SIGTERM)
 		case sig := <-signals:
 			logf("got %s; passing it on to %s", signalNames[sig], g.argv[0])
@@ -198,13 +198,14 @@ func exitStatus(ps *os.ProcessState, lost bool) int {
 	}
 }
 
-// release unlocks. After a loss it still tries, since the lock may yet be
-// ours on the server if only renewals failed, but its error is expected.
-func release(m *redislock.Mutex, lost bool) {
+// release unlocks the hold. After a loss it still tries, since the lock may
+// yet be ours on the server if only renewals failed, but its error is
+// expected.
+func release(hold *redislock.Hold, lost bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if err := m.Unlock(ctx); err != nil && !lost {
-		logf("cannot release lock %q: %v; it expires when its lease runs out", m.Name(), err)
+	if err := hold.Unlock(ctx); err != nil && !lost {
+		logf("cannot release lock %q: %v; it expires when its lease runs out", hold.Name(), err)
 	}
 }
 

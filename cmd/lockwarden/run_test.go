@@ -123,9 +123,9 @@ func TestRunLockHeldElsewhere(t *testing.T) {
 		}
 	})
 	t.Run("released while waiting", func(t *testing.T) {
-		m := f.hold(t, name)
+		hold := f.hold(t, name)
 		unlocked := make(chan error, 1)
-		time.AfterFunc(200*time.Millisecond, func() { unlocked <- m.Unlock(context.Background()) })
+		time.AfterFunc(200*time.Millisecond, func() { unlocked <- hold.Unlock(context.Background()) })
 		code, stderr, ran := run(t, "--wait", "5s")
 		if err := <-unlocked; err != nil {
 			t.Fatal(err)
@@ -260,7 +260,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"run", "--lock", "a"}, exitUsage, "", "no command"},
 		{[]string{"run", "--lock", "a", "--skip", "--wait", "1s", "--", "true"}, exitUsage, "", "not both"},
 		{[]string{"run", "--lock", "a", "--wait", "soon", "--", "true"}, exitUsage, "", "-wait"},
-		{[]string{"run", "--lock", "a{b}", "--", "true"}, exitUsage, "", redislock.ErrInvalidName.Error()},
+		{[]string{"run", "--lock", "a", "--lease", "1500us", "--", "true"}, exitUsage, "", "--lease must be a whole number of milliseconds"},
+		{[]string{"run", "--lock", "a", "--lease", "5ms", "--", "true"}, exitUsage, "", "--lease must be a whole number of milliseconds"},
+		{[]string{"run", "--lock", "a{b", "--", "true"}, exitUsage, "", redislock.ErrInvalidName.Error()},
 	} {
 		t.Run(fmt.Sprint(tc.args), func(t *testing.T) {
 			p := f.start(t, tc.args...)

@@ -102,7 +102,7 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 		return 0, unavailable(err)
 	}
 	c.mu.Lock()
-	var released []*Lease
+	var released []*ownership
 	for key, l := range c.held {
 		if key.name == name && strings.HasPrefix(string(key.owner), prefix) {
 			released = append(released, l)

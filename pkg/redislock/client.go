@@ -25,7 +25,8 @@ type Options struct {
 	ID string
 
 	// WatchdogLease is the lease of locks taken without an explicit lease.
-	// The watchdog renews it until Unlock. Default: 30s, as in Redisson.
+	// The watchdog renews it until Unlock. A whole number of milliseconds,
+	// at least MinLease. Default: 30s, as in Redisson.
 	WatchdogLease time.Duration
 	// RenewInterval is how often the watchdog renews. Default: WatchdogLease/3.
 	RenewInterval time.Duration
@@ -44,11 +45,13 @@ type Options struct {
 	// min(the lock's remaining lease, RetryFallback ± 20%). Default: 1s.
 	RetryFallback time.Duration
 	// QueueTTL is how long a waiter's place in the wait queue lasts without
-	// being refreshed; every retry refreshes it. It is also the longest lease
-	// an Unlock by this client grants when it hands the lock to the next
-	// waiter, who then extends it. Together they bound how long a crashed
-	// waiter can hold up the lock: about twice QueueTTL. Default: 5 ×
-	// RetryFallback.
+	// being refreshed; every retry refreshes it, so it must be above
+	// 1.2 × RetryFallback. It is also the longest lease an Unlock by this
+	// client grants when it hands the lock to the next waiter, who then
+	// extends it. Together they bound how long a crashed waiter can hold up
+	// the lock: about twice QueueTTL. It also bounds how long a call whose
+	// reply was lost goes on resending its request to learn what Redis did.
+	// Default: 5 × RetryFallback.
 	QueueTTL time.Duration
 
 	// WaitReplicas, when above 0, makes Lock wait (Redis WAIT) until that
@@ -91,15 +94,18 @@ func (o Options) withDefaults() (Options, error) {
 	if o.WaitReplicasTimeout == 0 {
 		o.WaitReplicasTimeout = time.Second
 	}
+	if err := validateLease("Options.WatchdogLease", o.WatchdogLease); err != nil {
+		return o, err
+	}
 	switch {
-	case o.WatchdogLease < time.Millisecond:
-		return o, fmt.Errorf("redislock: Options.WatchdogLease %v is under 1ms", o.WatchdogLease)
 	case o.RenewInterval <= 0 || o.RenewInterval >= o.WatchdogLease:
 		return o, fmt.Errorf("redislock: Options.RenewInterval %v must be above 0 and below WatchdogLease %v", o.RenewInterval, o.WatchdogLease)
 	case o.SafetyMargin < 0 || o.SafetyMargin >= o.WatchdogLease:
 		return o, fmt.Errorf("redislock: Options.SafetyMargin %v must be at least 0 and below WatchdogLease %v", o.SafetyMargin, o.WatchdogLease)
 	case o.RenewBatchSize < 0, o.RetryFallback < 0, o.QueueTTL < 0, o.WaitReplicas < 0, o.WaitReplicasTimeout < 0:
 		return o, errors.New("redislock: Options fields must not be negative")
+	case o.QueueTTL <= o.RetryFallback*6/5:
+		return o, fmt.Errorf("redislock: Options.QueueTTL %v must be above 1.2 × RetryFallback (%v), or a waiter's place lapses between its retries", o.QueueTTL, o.RetryFallback*6/5)
 	}
 	if o.Logger.GetSink() == nil {
 		o.Logger = logr.Discard()
@@ -125,17 +131,27 @@ type Client struct {
 	// ownedRedis is the Redis client FromEnv opened, closed by Close.
 	ownedRedis redis.UniversalClient
 
+	// latchTTL is how long Redis keeps a request's result (see request.go);
+	// resolveWindow is how long a call resends a request whose reply was
+	// lost.
+	latchTTL      time.Duration
+	resolveWindow time.Duration
+
 	ownerSeq atomic.Uint64
 	closed   atomic.Bool
 	done     chan struct{} // closed by Close
 	loops    sync.WaitGroup
+	// calls is held shared by every Lock and Unlock in progress, and
+	// exclusively by Close, which so waits for them to finish: a waiter
+	// leaves the wait queue before Close returns.
+	calls sync.RWMutex
 
 	mu    sync.Mutex
-	held  map[holdKey]*Lease // every lease this client holds
+	held  map[holdKey]*ownership // every ownership this client holds
 	waits *waiting
 	// confirms are leases shortened by a hand-over, due for extension;
 	// confirmNow tells the renewal loop.
-	confirms   []*Lease
+	confirms   []*ownership
 	confirmNow chan struct{}
 
 	// renewing is held by the renewal loop while a batch is in flight, so a
@@ -145,7 +161,9 @@ type Client struct {
 
 // New returns a Client on rdb, which may be a standalone, Sentinel (failover)
 // or Cluster client. The Client does not own rdb: Close does not close it.
-// In a pod, FromEnv builds both from the environment.
+// In a pod, FromEnv builds both from the environment. New fails if the Redis
+// user lacks a permission the locks need (see checkPermissions); if Redis
+// cannot be reached yet, it succeeds, and calls fail until it can.
 func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 	if rdb == nil {
 		return nil, errors.New("redislock: New needs a redis client")
@@ -154,12 +172,17 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPermissions(rdb, opts.ID); err != nil {
+		return nil, err
+	}
 	c := &Client{
-		rdb:        rdb,
-		opts:       opts,
-		done:       make(chan struct{}),
-		held:       make(map[holdKey]*Lease),
-		confirmNow: make(chan struct{}, 1),
+		rdb:           rdb,
+		opts:          opts,
+		resolveWindow: opts.QueueTTL,
+		latchTTL:      latchTTL(rdb, opts.QueueTTL),
+		done:          make(chan struct{}),
+		held:          make(map[holdKey]*ownership),
+		confirmNow:    make(chan struct{}, 1),
 	}
 	// Owner numbers start at a random point, so that two processes with
 	// the same ID (two containers of one pod, or a restarted container whose
@@ -176,25 +199,29 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 func (c *Client) ID() string { return c.opts.ID }
 
 // Close stops the renewal loop and the subscription, and waits for them to
-// exit. Locks still held are not released: their leases run out, and their
-// contexts are cancelled with ErrClosed. Waiters return ErrClosed. Calls on a
-// closed client return ErrClosed.
+// exit. Waiting Locks leave the wait queue and return ErrClosed; Close waits
+// for them (each for at most RetryFallback). Locks still held are not
+// released: their leases run out, and their contexts are cancelled with
+// ErrClosed. Calls on a closed client return ErrClosed.
 func (c *Client) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
 	close(c.done)
 	c.waits.close()
+	// Wait for the calls in progress: waiters wake on done and leave.
+	c.calls.Lock()
+	c.calls.Unlock()
 	c.loops.Wait()
 
 	c.mu.Lock()
-	leases := make([]*Lease, 0, len(c.held))
-	for _, l := range c.held {
-		leases = append(leases, l)
+	owned := make([]*ownership, 0, len(c.held))
+	for _, o := range c.held {
+		owned = append(owned, o)
 	}
 	c.mu.Unlock()
-	for _, l := range leases {
-		c.end(l, ErrClosed)
+	for _, o := range owned {
+		c.end(o, ErrClosed)
 	}
 	if c.ownedRedis != nil {
 		return c.ownedRedis.Close()
@@ -209,8 +236,22 @@ func (c *Client) checkOpen() error {
 	return nil
 }
 
-// Owner identifies who holds a lock: an owner ID "<id>:<n>". Locking twice
-// with the same owner re-enters the lock; each Lock needs its Unlock.
+// beginCall registers a call that Close must wait for, unless the client is
+// closed; endCall ends it.
+func (c *Client) beginCall() error {
+	c.calls.RLock()
+	if c.closed.Load() {
+		c.calls.RUnlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+func (c *Client) endCall() { c.calls.RUnlock() }
+
+// Owner identifies who holds a lock: an owner ID "<id>:<n>". A Lock whose
+// context carries the owner of a lock re-enters it; each Lock's Hold needs
+// its Unlock.
 type Owner string
 
 // NewOwner returns an owner ID unique to this client: "<client ID>:<n>",
@@ -231,9 +272,11 @@ func (o Owner) Validate() error {
 
 type ownerKey struct{}
 
-// WithOwner returns a context that carries owner. Mutex calls made with it
-// act for that owner, so code that passes the context along can re-enter a
-// lock it already holds, on any goroutine.
+// WithOwner returns a context that carries owner. A Lock made with it acts
+// for that owner, so code that passes the context along re-enters a lock its
+// caller holds (WithOwner(ctx, hold.Owner())), on any goroutine. Calls that
+// share an owner share its hold: give goroutines that must exclude each
+// other no owner, or owners of their own.
 func WithOwner(ctx context.Context, owner Owner) context.Context {
 	return context.WithValue(ctx, ownerKey{}, owner)
 }

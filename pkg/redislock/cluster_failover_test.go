@@ -53,7 +53,7 @@ func TestClusterMasterFailover(t *testing.T) {
 			}
 
 			var mutexes []*redislock.Mutex
-			var leases []*redislock.Lease
+			var leases []*redislock.Hold
 			for i := 0; len(mutexes) < locks; i++ {
 				name := fmt.Sprintf("%s-%d", lockName(t), i)
 				if masterOf(t, rdb, name) != victim.Addr {
@@ -79,7 +79,7 @@ func TestClusterMasterFailover(t *testing.T) {
 			survived, lost := 0, 0
 			for i, m := range mutexes {
 				info := inspect(t, c, m.Name())
-				held := len(info.Holders) == 1 && info.Holders[0].Owner == m.Owner()
+				held := len(info.Holders) == 1 && info.Holders[0].Owner == leases[i].Owner()
 				switch {
 				case held && leases[i].Err() == nil:
 					survived++
@@ -92,9 +92,9 @@ func TestClusterMasterFailover(t *testing.T) {
 				}
 			}
 			t.Logf("WAIT=%d, replica stalled=%v: %d of %d locks survived the master's failover, %d were lost and their holders told", waitReplicas, tc.stalled, survived, locks, lost)
-			for i, m := range mutexes {
-				if leases[i].Err() == nil {
-					mustUnlock(t, ctx, m)
+			for _, l := range leases {
+				if l.Err() == nil {
+					mustUnlock(t, ctx, l)
 				}
 			}
 		})

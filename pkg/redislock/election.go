@@ -19,10 +19,10 @@ type Term struct {
 // Election campaigns for a lock and runs a callback while holding it.
 type Election struct {
 	// Name is the lock to campaign for, such as LockName(namespace, name)
-	// for a DistributedLock's default key.
+	// for a DistributedLock's default key. The term's lease is the client's
+	// Options.WatchdogLease, renewed by its watchdog for as long as the term
+	// lasts.
 	Name string
-	// Lease is the lock's lease; 0 means the client's watchdog lease.
-	Lease time.Duration
 	// OnStartedLeading runs for each term, in its own goroutine. Its context
 	// is cancelled when the term ends: the lease was lost or can no longer
 	// be vouched for (context.Cause tells which), or Run's context ended.
@@ -48,14 +48,14 @@ func (c *Client) RunElection(ctx context.Context, e Election) error {
 		return err
 	}
 	for ctx.Err() == nil {
-		// A fresh owner per campaign: after a lost term, a stale hold of
-		// the old owner may linger in Redis until its lease runs out, and
-		// must not be re-entered as if it were still ours.
-		m, err := c.NewMutex(e.Name, &MutexOptions{Lease: e.Lease})
+		// Every Lock acts for a new owner: after a lost term, a stale hold
+		// of the old owner may linger in Redis until its lease runs out,
+		// and must not be re-entered as if it were still ours.
+		m, err := c.NewMutex(e.Name, nil)
 		if err != nil {
 			return err
 		}
-		lease, err := m.Lock(ctx)
+		hold, err := m.Lock(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -70,7 +70,7 @@ func (c *Client) RunElection(ctx context.Context, e Election) error {
 			}
 			continue
 		}
-		if stop := c.lead(ctx, m, lease, e); stop {
+		if stop := c.lead(ctx, hold, e); stop {
 			return nil
 		}
 	}
@@ -79,9 +79,9 @@ func (c *Client) RunElection(ctx context.Context, e Election) error {
 
 // lead runs one term and reports whether the election should stop because
 // the callback returned on its own.
-func (c *Client) lead(ctx context.Context, m *Mutex, lease *Lease, e Election) (stop bool) {
-	term := Term{Token: lease.Token(), Started: time.Now()}
-	termCtx, cancel := context.WithCancelCause(lease.Context())
+func (c *Client) lead(ctx context.Context, hold *Hold, e Election) (stop bool) {
+	term := Term{Token: hold.Token(), Started: time.Now()}
+	termCtx, cancel := context.WithCancelCause(hold.Context())
 	defer cancel(nil)
 	stopOnShutdown := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	defer stopOnShutdown()
@@ -93,15 +93,15 @@ func (c *Client) lead(ctx context.Context, m *Mutex, lease *Lease, e Election) (
 	}()
 	select {
 	case <-returned:
-		stop = lease.Err() == nil && ctx.Err() == nil
+		stop = hold.Err() == nil && ctx.Err() == nil
 	case <-termCtx.Done():
 		<-returned
 	}
 
-	cause := lease.Err()
+	cause := hold.Err()
 	if cause == nil { // still held: release it for the standby
 		releaseCtx, done := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
-		if err := m.Unlock(releaseCtx); err != nil {
+		if err := hold.Unlock(releaseCtx); err != nil {
 			c.opts.Logger.Info("releasing the leadership lock failed; its lease will run out", "lock", e.Name, "error", err.Error())
 		}
 		done()

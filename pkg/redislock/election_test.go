@@ -104,8 +104,7 @@ func TestElectionLossCancelsTheTerm(t *testing.T) {
 	if _, err := admin.ForceRelease(ctx, name, aClient.ID()); err != nil {
 		t.Fatal(err)
 	}
-	other := newMutex(t, admin, name, nil)
-	mustLock(t, ctx, other)
+	other := mustLock(t, ctx, newMutex(t, admin, name, nil))
 	// The renewal finds another owner: the term's context is cancelled.
 	wantErr(t, a.nextStop(t), redislock.ErrNotOwner)
 	a.noTerm(t, 100*time.Millisecond)

@@ -47,12 +47,12 @@ func TestFromEnv(t *testing.T) {
 	}
 	ctx := testContext(t)
 	m := newMutex(t, c, redislock.LockName("shop", "leader"), nil)
-	mustLock(t, ctx, m)
+	held := mustLock(t, ctx, m)
 	info := inspect(t, c, "shop/leader")
-	if len(info.Holders) != 1 || !strings.HasPrefix(string(info.Holders[0].Owner), testPodUID+":") {
+	if len(info.Holders) != 1 || info.Holders[0].Owner != held.Owner() || !strings.HasPrefix(string(held.Owner()), testPodUID+":") {
 		t.Fatalf("holders = %+v", info.Holders)
 	}
-	mustUnlock(t, ctx, m)
+	mustUnlock(t, ctx, held)
 }
 
 func TestFromEnvTLS(t *testing.T) {
@@ -65,8 +65,7 @@ func TestFromEnvTLS(t *testing.T) {
 	}
 	defer c.Close()
 	m := newMutex(t, c, "tls-lock", nil)
-	mustLock(t, testContext(t), m)
-	mustUnlock(t, testContext(t), m)
+	mustUnlock(t, testContext(t), mustLock(t, testContext(t), m))
 
 	// Without the CA, the server's certificate is not trusted.
 	t.Setenv(redislock.EnvRedisCAFile, "")

@@ -10,8 +10,8 @@ import (
 )
 
 var (
-	// ErrNotHeld is returned by Unlock when nobody holds the lock: it was
-	// never taken, already released, or its lease expired.
+	// ErrNotHeld is returned by Unlock when nobody holds the lock (its
+	// lease expired), or when the Hold was already unlocked.
 	ErrNotHeld = errors.New("redislock: lock not held")
 	// ErrNotOwner is returned by Unlock when another owner holds the lock.
 	// Nothing is changed. It is also the cause of a lost lease when a
@@ -54,6 +54,16 @@ func unavailable(err error) error {
 		return fmt.Errorf("%w: %w", ErrClosed, err)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// failure classifies the error of a call made with ctx: the caller's own
+// cancellation or deadline, if ctx ended, else as unavailable does. A
+// deadline that struck a Redis read is the caller's, not an outage.
+func failure(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return unavailable(err)
 }
 
 // ErrReleased is the cause of a lease's context after its final Unlock.

@@ -25,7 +25,10 @@ func deadRedis(t *testing.T) redis.UniversalClient {
 
 func TestInvalidNamesRejectedBeforeRedis(t *testing.T) {
 	c := newClient(t, deadRedis(t), redislock.Options{})
-	for _, name := range []string{"", strings.Repeat("x", redislock.MaxNameLength+1), "a{b}c", "has space"} {
+	// Braces are refused unless they hold a Redis Cluster hash tag: a '{',
+	// a later '}', and something between.
+	for _, name := range []string{"", strings.Repeat("x", redislock.MaxNameLength+1), "has space",
+		"a{}c", "{}", "a{b", "a}b", "a}b{c"} {
 		_, err := c.NewMutex(name, nil)
 		wantErr(t, err, redislock.ErrInvalidName)
 		_, err = c.Inspect(context.Background(), name)
@@ -35,6 +38,20 @@ func TestInvalidNamesRejectedBeforeRedis(t *testing.T) {
 	}
 	if _, err := c.NewMutex(strings.Repeat("x", redislock.MaxNameLength), nil); err != nil {
 		t.Fatalf("a name of exactly MaxNameLength: %v", err)
+	}
+	for _, name := range []string{"{tenant}:orders", "a{b}c", "orders:{tenant}", "{a}}"} {
+		if _, err := c.NewMutex(name, nil); err != nil {
+			t.Errorf("a name with a hash tag, %q: %v", name, err)
+		}
+	}
+	// Leases are kept in whole milliseconds, and no shorter than MinLease.
+	for _, lease := range []time.Duration{redislock.MinLease - time.Millisecond, redislock.MinLease + time.Microsecond, -time.Second} {
+		if _, err := c.NewMutex("ok", &redislock.MutexOptions{Lease: lease}); err == nil {
+			t.Errorf("NewMutex accepted a lease of %v", lease)
+		}
+	}
+	if _, err := c.NewMutex("ok", &redislock.MutexOptions{Lease: redislock.MinLease}); err != nil {
+		t.Errorf("a lease of MinLease: %v", err)
 	}
 	_, err := c.NewMutex("ok", &redislock.MutexOptions{Owner: "no-separator"})
 	wantErr(t, err, redislock.ErrInvalidOwner)
@@ -48,9 +65,64 @@ func TestRedisUnavailable(t *testing.T) {
 	ctx := testContext(t)
 	_, err := m.Lock(ctx)
 	wantErr(t, err, redislock.ErrUnavailable)
-	wantErr(t, m.Unlock(ctx), redislock.ErrUnavailable)
 	_, err = c.Inspect(ctx, "down")
 	wantErr(t, err, redislock.ErrUnavailable)
+}
+
+// TestUnlockWhenRedisUnavailable: an Unlock that cannot reach Redis returns
+// ErrUnavailable. One that is not the last keeps its level, under the
+// watchdog, and can be retried on the same Hold; the last one ends the
+// ownership anyway: renewal stops, and the lock's lease runs out in Redis.
+func TestUnlockWhenRedisUnavailable(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := testContext(t)
+	const leaseTime = 3 * time.Second
+	c := newClient(t, rdb, redislock.Options{WatchdogLease: leaseTime, RetryFallback: 100 * time.Millisecond})
+	admin := newClient(t, srv.Client(t), redislock.Options{})
+	name := lockName(t)
+	m := newMutex(t, c, name, nil)
+	outer := mustLock(t, ctx, m)
+	inner := mustLock(t, redislock.WithOwner(ctx, outer.Owner()), m)
+	wantCount := func(when string, want int64) {
+		t.Helper()
+		info := inspect(t, admin, name)
+		if len(info.Holders) != 1 || info.Holders[0].Owner != outer.Owner() || info.Holders[0].Count != want {
+			t.Fatalf("holders %s = %+v, want %s with count %d", when, info.Holders, outer.Owner(), want)
+		}
+	}
+
+	// A non-last Unlock fails: the level stays, and so does the ownership.
+	proxy.Cut()
+	wantErr(t, inner.Unlock(ctx), redislock.ErrUnavailable)
+	proxy.Heal()
+	wantCount("after a failed Unlock", 2)
+	if outer.Err() != nil || inner.Err() != nil {
+		t.Fatalf("the ownership ended after a failed non-last Unlock: %v, %v", outer.Err(), inner.Err())
+	}
+	// Retried on the same Hold, it undoes the level, once.
+	mustUnlock(t, ctx, inner)
+	wantCount("after the retried Unlock", 1)
+	wantErr(t, inner.Unlock(ctx), redislock.ErrNotHeld)
+	wantCount("after a third Unlock of the same Hold", 1)
+
+	// The last Unlock fails: the ownership ends here all the same.
+	proxy.Cut()
+	wantErr(t, outer.Unlock(ctx), redislock.ErrUnavailable)
+	proxy.Heal()
+	wantErr(t, outer.Err(), redislock.ErrReleased)
+	wantErr(t, context.Cause(outer.Context()), redislock.ErrReleased)
+	wantErr(t, outer.Unlock(ctx), redislock.ErrNotHeld)
+	wantCount("after a failed last Unlock", 1)
+	// Nobody renews the lock any more: it runs out with its lease.
+	waitFor(t, func() bool { return !inspect(t, admin, name).Held() }, "the lock's lease to run out")
+	next := mustLock(t, ctx, newMutex(t, admin, name, nil))
+	if next.Token() <= outer.Token() {
+		t.Fatalf("the next token %d is not above %d", next.Token(), outer.Token())
+	}
+	mustUnlock(t, ctx, next)
 }
 
 func TestClosedClient(t *testing.T) {
@@ -60,11 +132,13 @@ func TestClosedClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder, waiter := newMutex(t, c, lockName(t), nil), newMutex(t, c, lockName(t), nil)
-	lease := mustLock(t, ctx, holder)
+	admin := newClient(t, srv.Client(t), redislock.Options{})
+	// One Mutex: its Locks act for different owners, so the second waits.
+	m := newMutex(t, c, lockName(t), nil)
+	lease := mustLock(t, ctx, m)
 	waited := make(chan error)
 	go func() {
-		_, err := waiter.Lock(ctx)
+		_, err := m.Lock(ctx)
 		waited <- err
 	}()
 	waitFor(t, func() bool { return len(inspect(t, c, lockName(t)).Waiters) == 1 }, "the waiter to queue")
@@ -72,11 +146,15 @@ func TestClosedClient(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// Close returned only after the waiter left the queue.
+	if info := inspect(t, admin, lockName(t)); len(info.Waiters) != 0 || len(info.Holders) != 1 || info.Holders[0].Owner != lease.Owner() {
+		t.Fatalf("after Close the lock is %+v, want held by %s with nobody queued", info, lease.Owner())
+	}
 	wantErr(t, <-waited, redislock.ErrClosed)
 	wantErr(t, lease.Err(), redislock.ErrClosed)
-	_, err = holder.Lock(ctx)
+	_, err = m.Lock(ctx)
 	wantErr(t, err, redislock.ErrClosed)
-	wantErr(t, holder.Unlock(ctx), redislock.ErrClosed)
+	wantErr(t, lease.Unlock(ctx), redislock.ErrClosed)
 	_, err = c.Inspect(ctx, "x")
 	wantErr(t, err, redislock.ErrClosed)
 	if err := c.Close(); err != nil {
@@ -99,6 +177,10 @@ func TestOptionsValidated(t *testing.T) {
 		{WatchdogLease: time.Second, SafetyMargin: 2 * time.Second},
 		{RetryFallback: -time.Second},
 		{ID: "has space"},
+		{WatchdogLease: redislock.MinLease - time.Millisecond},
+		{WatchdogLease: time.Second + time.Microsecond},
+		{RetryFallback: time.Second, QueueTTL: 1200 * time.Millisecond},
+		{QueueTTL: time.Second}, // with the default RetryFallback of 1s
 	} {
 		if c, err := redislock.New(rdb, opts); err == nil {
 			_ = c.Close()
@@ -125,8 +207,7 @@ func TestWaitForReplicas(t *testing.T) {
 
 	synced := newClient(t, primary.Client(t), redislock.Options{WaitReplicas: 1})
 	m := newMutex(t, synced, lockName(t), nil)
-	mustLock(t, ctx, m)
-	mustUnlock(t, ctx, m)
+	mustUnlock(t, ctx, mustLock(t, ctx, m))
 
 	// Two replicas cannot acknowledge: Lock fails and leaves nothing behind.
 	greedy := newClient(t, primary.Client(t), redislock.Options{WaitReplicas: 2, WaitReplicasTimeout: 100 * time.Millisecond})

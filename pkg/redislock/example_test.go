@@ -30,28 +30,62 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	lease, err := mu.Lock(ctx)
+	hold, err := mu.Lock(ctx)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("held:", lease.Err() == nil)
+	defer hold.Unlock(ctx)
+	fmt.Println("held:", hold.Err() == nil)
 
-	// Re-entry by the same owner returns the same lease and token.
-	again, _ := mu.Lock(ctx)
-	fmt.Println("re-entered:", again == lease)
+	// Every Lock acts for a new owner, so a second Lock, even on the same
+	// Mutex, is excluded, as with sync.Mutex.
+	_, err = mu.TryLock(ctx, 0)
+	fmt.Println("excluded:", errors.Is(err, redislock.ErrWaitTimeout))
 
-	_ = mu.Unlock(ctx)
-	_ = mu.Unlock(ctx)
-	fmt.Println("after the final Unlock:", lease.Err())
-
-	// Every new ownership takes a higher fencing token.
-	next, _ := mu.Lock(ctx)
-	fmt.Println("next token is higher:", next.Token() > lease.Token())
-	_ = mu.Unlock(ctx)
+	// Re-entry is explicit: a Lock whose context carries the hold's owner
+	// re-enters, with the same fencing token. Its Hold needs its own Unlock.
+	again, err := mu.Lock(redislock.WithOwner(ctx, hold.Owner()))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("re-entered with the same token:", again.Token() == hold.Token())
+	_ = again.Unlock(ctx)
+	fmt.Println("still held after the inner Unlock:", hold.Err() == nil)
 	// Output:
 	// held: true
-	// re-entered: true
+	// excluded: true
+	// re-entered with the same token: true
+	// still held after the inner Unlock: true
+}
+
+func ExampleHold_Unlock() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: exampleRedis})
+	defer rdb.Close()
+	client, _ := redislock.New(rdb, redislock.Options{})
+	defer client.Close()
+
+	mu, _ := client.NewMutex("example:invoices", nil)
+	hold, err := mu.Lock(ctx)
+	if err != nil {
+		panic(err)
+	}
+	_ = hold.Unlock(ctx)
+	// The final Unlock ends the ownership and cancels the hold's context.
+	fmt.Println("after the final Unlock:", context.Cause(hold.Context()))
+	// A Hold undoes its Lock once.
+	fmt.Println("unlocked again:", errors.Is(hold.Unlock(ctx), redislock.ErrNotHeld))
+
+	// Every new ownership takes a higher fencing token.
+	next, err := mu.Lock(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer next.Unlock(ctx)
+	fmt.Println("next token is higher:", next.Token() > hold.Token())
+	// Output:
 	// after the final Unlock: redislock: lock released
+	// unlocked again: true
 	// next token is higher: true
 }
 
@@ -62,14 +96,22 @@ func ExampleMutex_TryLock() {
 	client, _ := redislock.New(rdb, redislock.Options{})
 	defer client.Close()
 
-	holder, _ := client.NewMutex("example:report", nil)
-	other, _ := client.NewMutex("example:report", nil) // a different owner
-	_, _ = holder.Lock(ctx)
+	mu, _ := client.NewMutex("example:report", nil)
+	hold, err := mu.Lock(ctx)
+	if err != nil {
+		panic(err)
+	}
 
-	_, err := other.TryLock(ctx, 50*time.Millisecond)
+	// Another owner waits at most 50ms.
+	_, err = mu.TryLock(ctx, 50*time.Millisecond)
 	fmt.Println(errors.Is(err, redislock.ErrWaitTimeout))
-	fmt.Println(errors.Is(other.Unlock(ctx), redislock.ErrNotOwner))
-	_ = holder.Unlock(ctx)
+
+	_ = hold.Unlock(ctx)
+	next, err := mu.TryLock(ctx, 50*time.Millisecond)
+	fmt.Println(err == nil)
+	if err == nil {
+		_ = next.Unlock(ctx)
+	}
 	// Output:
 	// true
 	// true
@@ -82,27 +124,34 @@ func ExampleWithOwner() {
 	client, _ := redislock.New(rdb, redislock.Options{})
 	defer client.Close()
 
-	// The owner travels with the context, so nested code re-enters.
-	ctx = redislock.WithOwner(ctx, client.NewOwner())
 	accounts, _ := client.NewMutex("example:accounts", nil)
 
+	// transfer locks the accounts itself. A caller that holds the lock
+	// passes its owner in the context, and transfer re-enters.
 	transfer := func(ctx context.Context) error {
-		if _, err := accounts.Lock(ctx); err != nil {
+		hold, err := accounts.Lock(ctx)
+		if err != nil {
 			return err
 		}
-		defer accounts.Unlock(ctx)
+		defer hold.Unlock(ctx)
 		info, _ := client.Inspect(ctx, "example:accounts")
 		fmt.Println("reentry count:", info.Holders[0].Count)
 		return nil
 	}
-	_, _ = accounts.Lock(ctx)
-	_ = transfer(ctx)
-	_ = accounts.Unlock(ctx)
+
+	hold, err := accounts.Lock(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer hold.Unlock(ctx)
+	if err := transfer(redislock.WithOwner(ctx, hold.Owner())); err != nil {
+		panic(err)
+	}
 	// Output:
 	// reentry count: 2
 }
 
-func ExampleLease_Context() {
+func ExampleHold_Context() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: exampleRedis})
 	defer rdb.Close()
@@ -112,9 +161,12 @@ func ExampleLease_Context() {
 	// A fixed lease of 100ms, no watchdog: the holder is told before the
 	// lock expires on the server.
 	mu, _ := client.NewMutex("example:short", &redislock.MutexOptions{Lease: 100 * time.Millisecond})
-	lease, _ := mu.Lock(ctx)
-	<-lease.Context().Done()
-	fmt.Println(context.Cause(lease.Context()))
+	hold, err := mu.Lock(ctx)
+	if err != nil {
+		panic(err)
+	}
+	<-hold.Context().Done()
+	fmt.Println(context.Cause(hold.Context()))
 	// Output:
 	// redislock: lease lost: no renewal succeeded before the local deadline
 }

@@ -2,8 +2,10 @@ package redislock_test
 
 import (
 	"context"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,9 +40,9 @@ func testHandOver(t *testing.T, b backend) {
 	// The waiter queues, subscribes, and tries once more now that it
 	// listens: two acquires, then it sleeps.
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 2 }, "the waiter to queue and listen")
-	mustUnlock(t, ctx, holder)
+	mustUnlock(t, ctx, held)
 
-	var l *redislock.Lease
+	var l *redislock.Hold
 	select {
 	case l = <-got:
 	case <-time.After(10 * time.Second):
@@ -56,10 +58,10 @@ func testHandOver(t *testing.T, b backend) {
 		t.Fatalf("hand-over token %d is not above the previous %d", l.Token(), held.Token())
 	}
 	info := inspect(t, holderClient, name)
-	if len(info.Holders) != 1 || info.Holders[0].Owner != waiter.Owner() || info.Holders[0].Count != 1 || info.Token != l.Token() {
-		t.Fatalf("after the hand-over the lock is %+v, want held once by %s with token %d", info, waiter.Owner(), l.Token())
+	if len(info.Holders) != 1 || info.Holders[0].Owner != l.Owner() || info.Holders[0].Count != 1 || info.Token != l.Token() {
+		t.Fatalf("after the hand-over the lock is %+v, want held once by %s with token %d", info, l.Owner(), l.Token())
 	}
-	mustUnlock(t, ctx, waiter)
+	mustUnlock(t, ctx, l)
 	if inspect(t, holderClient, name).Held() {
 		t.Fatal("the lock is still held after the waiter's Unlock")
 	}
@@ -76,16 +78,17 @@ func testHandOverExtended(t *testing.T, b backend) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testContext(t)
 			const grant = 300 * time.Millisecond
-			holderClient := newClient(t, b.newRedis(t), redislock.Options{QueueTTL: grant})
+			// QueueTTL must exceed 1.2 × RetryFallback.
+			holderClient := newClient(t, b.newRedis(t), redislock.Options{QueueTTL: grant, RetryFallback: grant / 2})
 			waiterClient := newClient(t, b.newRedis(t), redislock.Options{WatchdogLease: 5 * time.Second})
 			name := lockName(t)
 			holder := newMutex(t, holderClient, name, nil)
 			waiter := newMutex(t, waiterClient, name, &redislock.MutexOptions{Lease: tc.lease})
-			mustLock(t, ctx, holder)
+			held := mustLock(t, ctx, holder)
 
 			got := lockInBackground(t, ctx, waiter)
 			waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
-			mustUnlock(t, ctx, holder)
+			mustUnlock(t, ctx, held)
 			l := <-got
 			if l == nil {
 				return
@@ -95,8 +98,8 @@ func testHandOverExtended(t *testing.T, b backend) {
 			}
 			// Three short grants later, the waiter still holds the lock.
 			time.Sleep(3 * grant)
-			wantStillHolding(t, holderClient, waiter, l, grant)
-			mustUnlock(t, ctx, waiter)
+			wantStillHolding(t, holderClient, l, grant)
+			mustUnlock(t, ctx, l)
 		})
 	}
 }
@@ -107,43 +110,49 @@ func testHandOverExtended(t *testing.T, b backend) {
 func testStaleHandOver(t *testing.T, b backend) {
 	ctx := testContext(t)
 	const grant = 30 * time.Millisecond
-	holderClient := newClient(t, b.newRedis(t), redislock.Options{QueueTTL: grant})
+	// QueueTTL must exceed 1.2 × RetryFallback.
+	holderClient := newClient(t, b.newRedis(t), redislock.Options{QueueTTL: grant, RetryFallback: grant / 2})
 	waiterClient := newClient(t, b.newRedis(t), redislock.Options{RetryFallback: time.Minute})
 	name := lockName(t)
 	holder := newMutex(t, holderClient, name, nil)
 	waiter := newMutex(t, waiterClient, name, nil)
-	mustLock(t, ctx, holder)
+	held := mustLock(t, ctx, holder)
 
 	got := lockInBackground(t, ctx, waiter)
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
 	time.Sleep(5 * grant) // the waiter's last attempt is now older than the grant
-	mustUnlock(t, ctx, holder)
+	mustUnlock(t, ctx, held)
 	l := <-got
 	if l == nil {
 		return
 	}
 	time.Sleep(5 * grant)
-	wantStillHolding(t, holderClient, waiter, l, time.Second) // the full lease, not the grant
-	mustUnlock(t, ctx, waiter)
+	wantStillHolding(t, holderClient, l, time.Second) // the full lease, not the grant
+	mustUnlock(t, ctx, l)
 }
 
-// testHandOverToDeadWaiter: a waiter whose client is gone without leaving
-// the queue (a crashed process) still gets the lock handed over, but only
-// for the short grant; the waiter behind it gets the lock after that.
+// testHandOverToDeadWaiter: a waiter whose process died without leaving the
+// queue (a crash) still gets the lock handed over, but only for the short
+// grant; the waiter behind it gets the lock after that.
 func testHandOverToDeadWaiter(t *testing.T, b backend) {
 	ctx := testContext(t)
 	const grant = 500 * time.Millisecond
-	holderClient := newClient(t, b.newRedis(t), redislock.Options{QueueTTL: grant})
+	holderClient := newClient(t, b.newRedis(t), redislock.Options{QueueTTL: grant, RetryFallback: grant / 2})
 	name := lockName(t)
-	holder := newMutex(t, holderClient, name, nil)
-	mustLock(t, ctx, holder)
+	held := mustLock(t, ctx, newMutex(t, holderClient, name, nil))
 
-	// The dead waiter: it queues, then its client closes, which leaves the
-	// queue entry behind (Close does not clean up, as a crash would not).
-	deadClient, err := redislock.New(b.newRedis(t), redislock.Options{QueueTTL: time.Minute})
+	// The dead waiter: it queues, then its process loses Redis for good and
+	// its client closes. Close would take a live waiter out of the queue;
+	// this one cannot reach Redis, so its entry stays behind, as a crash
+	// would leave it.
+	deadRedis := b.newRedis(t)
+	crash := &crasher{}
+	deadRedis.AddHook(crash)
+	deadClient, err := redislock.New(deadRedis, redislock.Options{QueueTTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = deadClient.Close() })
 	dead := newMutex(t, deadClient, name, nil)
 	deadDone := make(chan error, 1)
 	go func() {
@@ -151,27 +160,59 @@ func testHandOverToDeadWaiter(t *testing.T, b backend) {
 		deadDone <- err
 	}()
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the dead waiter to queue")
+	deadOwner := inspect(t, holderClient, name).Waiters[0]
+	crash.crash()
 	_ = deadClient.Close()
 	wantErr(t, <-deadDone, redislock.ErrClosed)
+	if w := inspect(t, holderClient, name).Waiters; len(w) != 1 || w[0] != deadOwner {
+		t.Fatalf("waiters after the dead waiter's client closed = %v, want its entry %s left behind", w, deadOwner)
+	}
 
 	// A live waiter queues behind it.
 	live := newMutex(t, newClient(t, b.newRedis(t), redislock.Options{}), name, nil)
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		if _, err := live.Lock(ctx); err != nil {
-			t.Errorf("live waiter: %v", err)
-		}
-	}()
+	got := lockInBackground(t, ctx, live)
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 2 }, "the live waiter to queue")
 
-	mustUnlock(t, ctx, holder)
+	mustUnlock(t, ctx, held)
 	info := inspect(t, holderClient, name)
-	if info.Held() && (info.Holders[0].Owner != dead.Owner() || info.TTL > grant) {
-		t.Fatalf("after the release the lock is %+v, want handed to the dead waiter %s for at most %v", info, dead.Owner(), grant)
+	if info.Held() && (info.Holders[0].Owner != deadOwner || info.TTL > grant) {
+		t.Fatalf("after the release the lock is %+v, want handed to the dead waiter %s for at most %v", info, deadOwner, grant)
 	}
-	waitDone(t, got, 10*time.Second, "the live waiter to get the lock once the dead waiter's grant ran out")
-	mustUnlock(t, ctx, live)
+	if l := receiveHold(t, got, 10*time.Second, "the live waiter to get the lock once the dead waiter's grant ran out"); l != nil {
+		mustUnlock(t, ctx, l)
+	}
+}
+
+// crasher is a go-redis hook that, once crash is called, fails every
+// command without sending it, as if the process had lost Redis for good.
+type crasher struct{ crashed atomic.Bool }
+
+func (c *crasher) crash() { c.crashed.Store(true) }
+
+func (c *crasher) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *crasher) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if c.crashed.Load() {
+			err := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *crasher) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if c.crashed.Load() {
+			err := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+			for _, cmd := range cmds {
+				cmd.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // testSameOwnerWaiting: two calls of one owner wait for a lock held by
@@ -180,14 +221,13 @@ func testSameOwnerWaiting(t *testing.T, b backend) {
 	ctx := testContext(t)
 	c := newClient(t, b.newRedis(t), redislock.Options{RetryFallback: time.Minute})
 	name := lockName(t)
-	holder := newMutex(t, c, name, nil)
-	mustLock(t, ctx, holder)
+	held := mustLock(t, ctx, newMutex(t, c, name, nil))
 
 	m := newMutex(t, c, name, nil)
 	ownerCtx := redislock.WithOwner(ctx, c.NewOwner())
 	var wg sync.WaitGroup
-	tokens := make([]int64, 2)
-	for i := range tokens {
+	holds := make([]*redislock.Hold, 2)
+	for i := range holds {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -196,47 +236,53 @@ func testSameOwnerWaiting(t *testing.T, b backend) {
 				t.Errorf("call %d: %v", i, err)
 				return
 			}
-			tokens[i] = l.Token()
+			holds[i] = l
 		}()
 	}
 	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the owner to queue")
-	mustUnlock(t, ctx, holder)
+	mustUnlock(t, ctx, held)
 	wg.Wait()
-	if tokens[0] == 0 || tokens[0] != tokens[1] {
-		t.Fatalf("the two calls got tokens %v, want one token", tokens)
+	if holds[0] == nil || holds[1] == nil {
+		return
+	}
+	if holds[0].Token() == 0 || holds[0].Token() != holds[1].Token() {
+		t.Fatalf("the two calls got tokens %d and %d, want one token", holds[0].Token(), holds[1].Token())
 	}
 	owner, _ := redislock.OwnerFromContext(ownerCtx)
 	if info := inspect(t, c, name); len(info.Holders) != 1 || info.Holders[0].Owner != owner || info.Holders[0].Count != 2 {
 		t.Fatalf("the lock is %+v, want held twice by %s", info, owner)
 	}
-	mustUnlock(t, ownerCtx, m)
-	mustUnlock(t, ownerCtx, m)
+	mustUnlock(t, ownerCtx, holds[0])
+	if info := inspect(t, c, name); len(info.Holders) != 1 || info.Holders[0].Count != 1 || holds[1].Err() != nil {
+		t.Fatalf("after one Unlock the lock is %+v (the other Hold's error: %v), want held once", info, holds[1].Err())
+	}
+	mustUnlock(t, ownerCtx, holds[1])
 	if inspect(t, c, name).Held() {
 		t.Fatal("the lock is still held after both Unlocks")
 	}
 }
 
-// lockInBackground runs m.Lock on its own goroutine and sends the lease, or
+// lockInBackground runs m.Lock on its own goroutine and sends the Hold, or
 // nil after reporting the error.
-func lockInBackground(t *testing.T, ctx context.Context, m *redislock.Mutex) <-chan *redislock.Lease {
-	got := make(chan *redislock.Lease, 1)
+func lockInBackground(t *testing.T, ctx context.Context, m *redislock.Mutex) <-chan *redislock.Hold {
+	got := make(chan *redislock.Hold, 1)
 	go func() {
 		l, err := m.Lock(ctx)
 		if err != nil {
-			t.Errorf("%s: Lock: %v", m.Owner(), err)
+			t.Errorf("%s: Lock: %v", m.Name(), err)
 		}
 		got <- l
 	}()
 	return got
 }
 
-// wantStillHolding fails the test unless m's owner alone holds the lock in
-// Redis with more than minTTL left, and its lease l has not ended.
-func wantStillHolding(t *testing.T, c *redislock.Client, m *redislock.Mutex, l *redislock.Lease, minTTL time.Duration) {
+// wantStillHolding fails the test unless l's owner alone holds the lock in
+// Redis with more than minTTL left, and l has not ended.
+func wantStillHolding(t *testing.T, c *redislock.Client, l *redislock.Hold, minTTL time.Duration) {
 	t.Helper()
-	info := inspect(t, c, m.Name())
-	if len(info.Holders) != 1 || info.Holders[0].Owner != m.Owner() || info.TTL <= minTTL {
-		t.Fatalf("the lock is %+v, want held by %s with more than %v left", info, m.Owner(), minTTL)
+	info := inspect(t, c, l.Name())
+	if len(info.Holders) != 1 || info.Holders[0].Owner != l.Owner() || info.TTL <= minTTL {
+		t.Fatalf("the lock is %+v, want held by %s with more than %v left", info, l.Owner(), minTTL)
 	}
 	if err := l.Err(); err != nil {
 		t.Fatalf("lease ended: %v", err)

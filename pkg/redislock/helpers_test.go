@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,7 +99,7 @@ func testContext(t testing.TB) context.Context {
 	return ctx
 }
 
-func mustLock(t testing.TB, ctx context.Context, m *redislock.Mutex) *redislock.Lease {
+func mustLock(t testing.TB, ctx context.Context, m *redislock.Mutex) *redislock.Hold {
 	t.Helper()
 	l, err := m.Lock(ctx)
 	if err != nil {
@@ -105,10 +108,10 @@ func mustLock(t testing.TB, ctx context.Context, m *redislock.Mutex) *redislock.
 	return l
 }
 
-func mustUnlock(t testing.TB, ctx context.Context, m *redislock.Mutex) {
+func mustUnlock(t testing.TB, ctx context.Context, h *redislock.Hold) {
 	t.Helper()
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatalf("Unlock %s: %v", m.Name(), err)
+	if err := h.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock %s: %v", h.Name(), err)
 	}
 }
 
@@ -136,5 +139,107 @@ func waitDone(t testing.TB, ch <-chan struct{}, d time.Duration, what string) {
 	case <-ch:
 	case <-time.After(d):
 		t.Fatalf("%s did not happen within %v", what, d)
+	}
+}
+
+// receiveHold waits up to d for the Hold of a Lock run by lockInBackground,
+// and fails the test if none comes. It returns nil if that Lock failed (the
+// error is already reported).
+func receiveHold(t testing.TB, got <-chan *redislock.Hold, d time.Duration, what string) *redislock.Hold {
+	t.Helper()
+	select {
+	case l := <-got:
+		return l
+	case <-time.After(d):
+		t.Fatalf("%s did not happen within %v", what, d)
+		return nil
+	}
+}
+
+// replyLoser is a go-redis hook that loses the reply of chosen script calls
+// after Redis ran them, as a connection reset between the command and its
+// reply would: the caller gets a network error and cannot tell whether the
+// call ran.
+type replyLoser struct {
+	mu      sync.Mutex
+	pending []func(args []any) bool // each loses the reply of one matching call
+	lost    int
+}
+
+// loseNext makes the reply of the next script call that match accepts go
+// missing.
+func (r *replyLoser) loseNext(match func(args []any) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pending = append(r.pending, match)
+}
+
+// count is how many replies were lost.
+func (r *replyLoser) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost
+}
+
+func (r *replyLoser) take(args []any) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, match := range r.pending {
+		if match(args) {
+			r.pending = append(r.pending[:i], r.pending[i+1:]...)
+			r.lost++
+			return true
+		}
+	}
+	return false
+}
+
+func (r *replyLoser) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *replyLoser) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if name := cmd.Name(); err == nil && (name == "evalsha" || name == "eval") && r.take(cmd.Args()) {
+			err = &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+
+func (r *replyLoser) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// scriptArg returns ARGV[i] (from 1) of a script call's arguments: evalsha
+// or eval, the SHA or script, the key count, KEYS..., ARGV...
+func scriptArg(args []any, i int) (any, bool) {
+	if len(args) < 3 {
+		return nil, false
+	}
+	numKeys, ok := args[2].(int)
+	if !ok || len(args) < 3+numKeys+i {
+		return nil, false
+	}
+	return args[2+numKeys+i], true
+}
+
+// acquireOf matches the acquire script calls of owner (ARGV[2], after the
+// lease), and releaseOf its release calls (ARGV[1], before the lease).
+func acquireOf(owner redislock.Owner) func(args []any) bool {
+	return func(args []any) bool {
+		lease, ok1 := scriptArg(args, 1)
+		o, ok2 := scriptArg(args, 2)
+		_, isLease := lease.(int64)
+		return ok1 && ok2 && isLease && o == string(owner)
+	}
+}
+
+func releaseOf(owner redislock.Owner) func(args []any) bool {
+	return func(args []any) bool {
+		o, ok1 := scriptArg(args, 1)
+		lease, ok2 := scriptArg(args, 2)
+		_, isLease := lease.(int64)
+		return ok1 && ok2 && isLease && o == string(owner)
 	}
 }

@@ -102,35 +102,32 @@ func TestRedissonInterop(t *testing.T) {
 		_, err := ours.TryLock(ctx, 0)
 		wantErr(t, err, redislock.ErrWaitTimeout)
 
-		got := make(chan struct{})
-		go func() {
-			defer close(got)
-			if _, err := ours.Lock(ctx); err != nil {
-				t.Errorf("our Lock: %v", err)
-			}
-		}()
+		got := lockInBackground(t, ctx, ours)
 		waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "our waiter to queue")
 		if freed, err := redisson.unlock(ctx); err != nil || !freed {
 			t.Fatalf("Redisson unlock = %v, %v", freed, err)
 		}
-		waitDone(t, got, 10*time.Second, "our waiter's wake-up on Redisson's release")
+		held := receiveHold(t, got, 10*time.Second, "our waiter's wake-up on Redisson's release")
+		if held == nil {
+			return
+		}
 		if ttl, err := redisson.tryLock(ctx); err != nil || ttl <= 0 {
 			t.Fatalf("Redisson tryLock while we hold = %v, %v; want excluded with a TTL", ttl, err)
 		}
-		mustUnlock(t, ctx, ours)
+		mustUnlock(t, ctx, held)
 	})
 
 	t.Run("WeExcludeAndWakeRedisson", func(t *testing.T) {
 		name := lockName(t)
 		ours := newMutex(t, c, name, nil)
-		mustLock(t, ctx, ours)
+		held := mustLock(t, ctx, ours)
 		redisson := &redissonLock{rdb: srv.Client(t), name: name, owner: "7d3c0d2e-2f43-4a8e-9d0c-5b7e0b7e3c11:43", lease: 30 * time.Second}
 		got := make(chan error, 1)
 		go func() { got <- redisson.lock(ctx) }()
 		// Redisson waits the lock's TTL (30s) unless the release message
 		// wakes it.
 		time.Sleep(50 * time.Millisecond)
-		mustUnlock(t, ctx, ours)
+		mustUnlock(t, ctx, held)
 		select {
 		case err := <-got:
 			if err != nil {
@@ -145,9 +142,33 @@ func TestRedissonInterop(t *testing.T) {
 		}
 		_, err := ours.TryLock(ctx, 0)
 		wantErr(t, err, redislock.ErrWaitTimeout)
-		wantErr(t, ours.Unlock(ctx), redislock.ErrNotOwner)
-		if _, err := redisson.unlock(ctx); err != nil {
-			t.Fatal(err)
+		// Our spent Hold cannot touch Redisson's hold.
+		wantErr(t, held.Unlock(ctx), redislock.ErrNotHeld)
+		if info := inspect(t, c, name); len(info.Holders) != 1 || info.Holders[0].Owner != redislock.Owner(redisson.owner) || info.Holders[0].Count != 1 {
+			t.Fatalf("holders after our second Unlock = %+v, want Redisson's owner once", info.Holders)
+		}
+		if freed, err := redisson.unlock(ctx); err != nil || !freed {
+			t.Fatalf("Redisson unlock = %v, %v", freed, err)
+		}
+	})
+
+	t.Run("OurLapsedHoldLeavesRedissonsLock", func(t *testing.T) {
+		name := lockName(t)
+		ours := newMutex(t, c, name, &redislock.MutexOptions{Lease: 100 * time.Millisecond})
+		held := mustLock(t, ctx, ours)
+		waitDone(t, held.Done(), 10*time.Second, "the end of our short lease")
+		redisson := &redissonLock{rdb: srv.Client(t), name: name, owner: "7d3c0d2e-2f43-4a8e-9d0c-5b7e0b7e3c11:44", lease: 30 * time.Second}
+		waitFor(t, func() bool {
+			ttl, err := redisson.tryLock(ctx)
+			return err == nil && ttl == 0
+		}, "Redisson to take the lock once our lease ran out")
+		// Our Unlock finds Redisson's owner there and changes nothing.
+		wantErr(t, held.Unlock(ctx), redislock.ErrNotOwner)
+		if info := inspect(t, c, name); len(info.Holders) != 1 || info.Holders[0].Owner != redislock.Owner(redisson.owner) || info.Holders[0].Count != 1 {
+			t.Fatalf("holders after our Unlock = %+v, want Redisson's owner once", info.Holders)
+		}
+		if freed, err := redisson.unlock(ctx); err != nil || !freed {
+			t.Fatalf("Redisson unlock = %v, %v", freed, err)
 		}
 	})
 }

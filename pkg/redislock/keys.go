@@ -8,14 +8,17 @@ import (
 // MaxNameLength is the longest lock name accepted, in bytes.
 const MaxNameLength = 1024
 
-// Key prefixes of Redisson's layout, plus lockwarden's wait queue. Every key
-// but the lock hash itself carries the name as a hash tag, "{<name>}", so all
-// keys of one lock live in the same Redis Cluster slot as the hash <name>.
+// Key prefixes of Redisson's layout, plus lockwarden's wait queue and request
+// latches. Every key but the lock hash itself carries the name's hash tag
+// (see hashTag), so all keys of one lock live in the same Redis Cluster slot
+// as the hash <name>.
 const (
 	channelPrefix    = "redisson_lock__channel:"
 	tokenPrefix      = "redisson_lock_token:"
 	queuePrefix      = "lockwarden_lock_queue:"
 	queueEntryPrefix = "lockwarden_lock_queue_entry:"
+	// requestPrefix + tag + ":" + request ID latches a request's result.
+	requestPrefix = "lockwarden_lock_request:"
 	// noticePrefix + client ID is the channel on which a client's waiters
 	// learn that they reached the head of a wait queue.
 	noticePrefix = "lockwarden_lock__notice:"
@@ -27,38 +30,67 @@ const (
 // scripts, built once per Mutex rather than on every call.
 type lockKeys struct {
 	name, channel string
+	tag           string // the hash tag the lock's other keys carry
 	// all is the KEYS list of every script but renew.lua, in the order
-	// scripts/lib.lua gives.
+	// scripts/lib.lua gives; acquire and release add a request latch.
 	all []string
 }
 
+// withLatch returns the KEYS list of an acquire or release request.
+func (k *lockKeys) withLatch(request string) []string {
+	return append(k.all[:len(k.all):len(k.all)], requestPrefix+k.tag+":"+request)
+}
+
+// hashTag is what the keys of the lock name carry so that they share its
+// Cluster slot, the way Redisson's prefixName builds them: a name that has a
+// hash tag of its own ("{tenant}:orders") is used as it is, and any other
+// name is made one ("{orders}").
+func hashTag(name string) string {
+	if strings.Contains(name, "{") {
+		return name
+	}
+	return "{" + name + "}"
+}
+
 // channelFor is the channel on which the lock's release is published.
-func channelFor(name string) string { return channelPrefix + "{" + name + "}" }
+func channelFor(name string) string { return channelPrefix + hashTag(name) }
 
 func keysFor(name string) lockKeys {
-	tag := "{" + name + "}"
+	tag := hashTag(name)
 	channel := channelFor(name)
 	return lockKeys{
 		name:    name,
 		channel: channel,
+		tag:     tag,
 		all: []string{name, channel, tokenPrefix + tag,
 			queuePrefix + tag, queueEntryPrefix + tag},
 	}
 }
 
-// validateName rejects names that cannot be locked safely. Braces are refused
-// because a name with its own hash tag would put the lock hash and its channel,
-// token and queue in different Cluster slots.
+// validateName rejects names that cannot be locked safely. A name with braces
+// must hold a Redis Cluster hash tag (a '{' with a later '}' and something
+// between), so that its keys, built by hashTag, land in the name's own slot.
 func validateName(name string) error {
 	switch {
 	case name == "":
 		return fmt.Errorf("%w: the name is empty", ErrInvalidName)
 	case len(name) > MaxNameLength:
 		return fmt.Errorf("%w: the name is %d bytes, more than the %d allowed", ErrInvalidName, len(name), MaxNameLength)
-	case strings.ContainsAny(name, "{}"):
-		return fmt.Errorf("%w: %q contains '{' or '}', which would split its keys across Cluster slots", ErrInvalidName, name)
 	case strings.ContainsAny(name, " \t\r\n"):
 		return fmt.Errorf("%w: %q contains whitespace", ErrInvalidName, name)
+	case strings.ContainsAny(name, "{}") && !hasHashTag(name):
+		return fmt.Errorf("%w: %q has braces but no Redis Cluster hash tag: use a non-empty tag such as {tenant}:orders, or no braces", ErrInvalidName, name)
 	}
 	return nil
+}
+
+// hasHashTag reports whether Redis Cluster hashes key by a tag within it:
+// the text between its first '{' and the next '}', if not empty.
+func hasHashTag(key string) bool {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return false
+	}
+	end := strings.IndexByte(key[open+1:], '}')
+	return end > 0
 }

@@ -38,7 +38,8 @@ func runCoreSuite(t *testing.T, b backend) {
 	t.Run("MissedReleaseMessage", func(t *testing.T) { testMissedMessage(t, b) })
 	t.Run("WaitersServedInOrder", func(t *testing.T) { testFIFO(t, b) })
 	t.Run("FencingTokens", func(t *testing.T) { testFencing(t, b) })
-	t.Run("FinalUnlockReleasesLeftoverLevels", func(t *testing.T) { testLeftoverLevels(t, b) })
+	t.Run("LostRepliesTakeAndUndoOneLevel", func(t *testing.T) { testLostReplies(t, b) })
+	t.Run("HashTaggedName", func(t *testing.T) { testHashTaggedName(t, b) })
 	t.Run("TryLockTimeout", func(t *testing.T) { testTryLockTimeout(t, b) })
 	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, b) })
 	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, b) })
@@ -51,31 +52,43 @@ func testReentry(t *testing.T, b backend) {
 	m := newMutex(t, c, name, nil)
 
 	first := mustLock(t, ctx, m)
-	second := mustLock(t, ctx, m)
-	if first != second || first.Token() != second.Token() {
-		t.Fatalf("re-entry returned a different lease or token: %d, %d", first.Token(), second.Token())
+	// Without an owner in the context, another Lock on the same Mutex acts
+	// for a new owner and is excluded, as with sync.Mutex.
+	_, err := m.TryLock(ctx, 0)
+	wantErr(t, err, redislock.ErrWaitTimeout)
+	// Re-entry is explicit: the context carries the hold's owner.
+	second := mustLock(t, redislock.WithOwner(ctx, first.Owner()), m)
+	if first == second || second.Owner() != first.Owner() || first.Token() != second.Token() {
+		t.Fatalf("re-entry returned the same Hold (%v), or another owner or token: %s, %s; %d, %d",
+			first == second, first.Owner(), second.Owner(), first.Token(), second.Token())
 	}
 	info := inspect(t, c, name)
-	if len(info.Holders) != 1 || info.Holders[0].Owner != m.Owner() || info.Holders[0].Count != 2 {
-		t.Fatalf("holders after two Locks = %+v, want %s with count 2", info.Holders, m.Owner())
+	if len(info.Holders) != 1 || info.Holders[0].Owner != first.Owner() || info.Holders[0].Count != 2 {
+		t.Fatalf("holders after two Locks = %+v, want %s with count 2", info.Holders, first.Owner())
 	}
 	if info.TTL <= 0 {
 		t.Fatalf("lock TTL = %v, want a lease", info.TTL)
 	}
 
-	mustUnlock(t, ctx, m)
+	mustUnlock(t, ctx, second)
 	if got := inspect(t, c, name).Holders; len(got) != 1 || got[0].Count != 1 {
 		t.Fatalf("holders after one Unlock = %+v, want count 1", got)
 	}
-	if first.Err() != nil {
-		t.Fatalf("lease ended after a non-final Unlock: %v", first.Err())
+	if first.Err() != nil || second.Err() != nil {
+		t.Fatalf("ownership ended after a non-final Unlock: %v, %v", first.Err(), second.Err())
 	}
-	mustUnlock(t, ctx, m)
+	// A Hold unlocks once: a second Unlock of it changes nothing.
+	wantErr(t, second.Unlock(ctx), redislock.ErrNotHeld)
+	if got := inspect(t, c, name).Holders; len(got) != 1 || got[0].Count != 1 {
+		t.Fatalf("holders after a second Unlock of the same Hold = %+v, want count 1 still", got)
+	}
+	mustUnlock(t, ctx, first)
 	if inspect(t, c, name).Held() {
 		t.Fatal("lock still held after the final Unlock")
 	}
 	wantErr(t, first.Err(), redislock.ErrReleased)
-	wantErr(t, m.Unlock(ctx), redislock.ErrNotHeld)
+	wantErr(t, second.Err(), redislock.ErrReleased)
+	wantErr(t, first.Unlock(ctx), redislock.ErrNotHeld)
 }
 
 func testOwnerInContext(t *testing.T, b backend) {
@@ -87,38 +100,55 @@ func testOwnerInContext(t *testing.T, b backend) {
 	// Two Mutex values, one owner carried by the context: the second Lock
 	// re-enters, even from another goroutine.
 	outer, inner := newMutex(t, c, name, nil), newMutex(t, c, name, nil)
-	mustLock(t, ctx, outer)
-	done := make(chan error)
-	go func() {
-		_, err := inner.TryLock(ctx, 0)
-		done <- err
-	}()
-	if err := <-done; err != nil {
-		t.Fatalf("re-entry with the context's owner: %v", err)
+	outerHold := mustLock(t, ctx, outer)
+	if outerHold.Owner() != owner {
+		t.Fatalf("Hold.Owner() = %s, want the context's %s", outerHold.Owner(), owner)
 	}
+	type result struct {
+		hold *redislock.Hold
+		err  error
+	}
+	done := make(chan result)
+	go func() {
+		h, err := inner.TryLock(ctx, 0)
+		done <- result{h, err}
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("re-entry with the context's owner: %v", r.err)
+	}
+	innerHold := r.hold
 	info := inspect(t, c, name)
 	if len(info.Holders) != 1 || info.Holders[0].Owner != owner || info.Holders[0].Count != 2 {
 		t.Fatalf("holders = %+v, want %s with count 2", info.Holders, owner)
 	}
-	// Without the context's owner, the Mutex is its own owner and excluded.
+	// Without the context's owner, the Lock acts for a new owner and is
+	// excluded.
 	_, err := inner.TryLock(context.Background(), 0)
 	wantErr(t, err, redislock.ErrWaitTimeout)
-	mustUnlock(t, ctx, inner)
-	mustUnlock(t, ctx, outer)
+	mustUnlock(t, ctx, innerHold)
+	mustUnlock(t, ctx, outerHold)
 
 	_, err = outer.Lock(redislock.WithOwner(ctx, "no-colon"))
 	wantErr(t, err, redislock.ErrInvalidOwner)
 }
 
+// testUnlockByOther: a Hold whose lock was taken from it (force-released,
+// then taken by another owner) cannot free the new owner's lock: its Unlock
+// fails with ErrNotOwner and changes nothing.
 func testUnlockByOther(t *testing.T, b backend) {
 	ctx := testContext(t)
+	staleClient := newClient(t, b.newRedis(t), redislock.Options{})
 	c := newClient(t, b.newRedis(t), redislock.Options{})
 	name := lockName(t)
-	holder, other := newMutex(t, c, name, nil), newMutex(t, c, name, nil)
-	lease := mustLock(t, ctx, holder)
+	stale := mustLock(t, ctx, newMutex(t, staleClient, name, nil))
+	if _, err := c.ForceRelease(ctx, name, staleClient.ID()); err != nil {
+		t.Fatal(err)
+	}
+	lease := mustLock(t, ctx, newMutex(t, c, name, nil))
 	before := inspect(t, c, name)
 
-	wantErr(t, other.Unlock(ctx), redislock.ErrNotOwner)
+	wantErr(t, stale.Unlock(ctx), redislock.ErrNotOwner)
 	after := inspect(t, c, name)
 	if fmt.Sprint(after.Holders) != fmt.Sprint(before.Holders) || after.Token != before.Token {
 		t.Fatalf("a non-owner's Unlock changed the lock: %+v -> %+v", before, after)
@@ -126,7 +156,7 @@ func testUnlockByOther(t *testing.T, b backend) {
 	if lease.Err() != nil {
 		t.Fatalf("holder's lease ended: %v", lease.Err())
 	}
-	mustUnlock(t, ctx, holder)
+	mustUnlock(t, ctx, lease)
 }
 
 func testLeaseExpiry(t *testing.T, b backend) {
@@ -142,9 +172,8 @@ func testLeaseExpiry(t *testing.T, b backend) {
 	wantErr(t, lease.Err(), redislock.ErrLeaseLost)
 
 	// The lock simply expires; nobody renews it, and another owner gets it.
-	other := newMutex(t, c, name, nil)
-	mustLock(t, ctx, other)
-	wantErr(t, holder.Unlock(ctx), redislock.ErrNotOwner)
+	other := mustLock(t, ctx, newMutex(t, c, name, nil))
+	wantErr(t, lease.Unlock(ctx), redislock.ErrNotOwner)
 	mustUnlock(t, ctx, other)
 }
 
@@ -159,13 +188,13 @@ func testWatchdog(t *testing.T, b backend) {
 	// Past three leases, the lock is still held, with a fresh lease.
 	time.Sleep(4 * leaseTime)
 	info := inspect(t, c, name)
-	if !info.Held() || info.Holders[0].Owner != m.Owner() || info.TTL <= 0 {
-		t.Fatalf("after 4 leases: %+v, want held by %s with a lease", info, m.Owner())
+	if !info.Held() || info.Holders[0].Owner != lease.Owner() || info.TTL <= 0 {
+		t.Fatalf("after 4 leases: %+v, want held by %s with a lease", info, lease.Owner())
 	}
 	if lease.Err() != nil {
 		t.Fatalf("lease ended while the watchdog kept it: %v", lease.Err())
 	}
-	mustUnlock(t, ctx, m)
+	mustUnlock(t, ctx, lease)
 	// The watchdog stopped with the Unlock: nothing renews the freed lock.
 	time.Sleep(2 * leaseTime)
 	if inspect(t, c, name).Held() {
@@ -183,19 +212,14 @@ func testWakeOnRelease(t *testing.T, b backend) {
 	name := lockName(t)
 	holder := newMutex(t, holderClient, name, nil)
 	waiter := newMutex(t, waiterClient, name, nil)
-	mustLock(t, ctx, holder)
+	held := mustLock(t, ctx, holder)
 
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		if _, err := waiter.Lock(ctx); err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-	}()
+	got := lockInBackground(t, ctx, waiter)
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
-	mustUnlock(t, ctx, holder)
-	waitDone(t, got, 10*time.Second, "the waiter's wake-up on release")
-	mustUnlock(t, ctx, waiter)
+	mustUnlock(t, ctx, held)
+	if l := receiveHold(t, got, 10*time.Second, "the waiter's wake-up on release"); l != nil {
+		mustUnlock(t, ctx, l)
+	}
 }
 
 func testMissedMessage(t *testing.T, b backend) {
@@ -206,28 +230,22 @@ func testMissedMessage(t *testing.T, b backend) {
 	holder, waiter := newMutex(t, c, name, nil), newMutex(t, c, name, nil)
 	mustLock(t, ctx, holder)
 
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		if _, err := waiter.Lock(ctx); err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-	}()
+	got := lockInBackground(t, ctx, waiter)
 	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the waiter to queue")
 	// Free the lock without a release message, as a lost message would.
 	if err := rdb.Del(ctx, name).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitDone(t, got, 10*time.Second, "the waiter's retry after a missed message")
-	mustUnlock(t, ctx, waiter)
+	if l := receiveHold(t, got, 10*time.Second, "the waiter's retry after a missed message"); l != nil {
+		mustUnlock(t, ctx, l)
+	}
 }
 
 func testFIFO(t *testing.T, b backend) {
 	ctx := testContext(t)
 	c := newClient(t, b.newRedis(t), redislock.Options{RetryFallback: time.Minute})
 	name := lockName(t)
-	holder := newMutex(t, c, name, nil)
-	mustLock(t, ctx, holder)
+	holder := mustLock(t, ctx, newMutex(t, c, name, nil))
 
 	var order []int
 	var mu sync.Mutex
@@ -237,14 +255,15 @@ func testFIFO(t *testing.T, b backend) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := m.Lock(ctx); err != nil {
+			l, err := m.Lock(ctx)
+			if err != nil {
 				t.Errorf("waiter %d: %v", i, err)
 				return
 			}
 			mu.Lock()
 			order = append(order, i)
 			mu.Unlock()
-			if err := m.Unlock(ctx); err != nil {
+			if err := l.Unlock(ctx); err != nil {
 				t.Errorf("waiter %d: %v", i, err)
 			}
 		}()
@@ -270,17 +289,20 @@ func testFencing(t *testing.T, b backend) {
 		if l.Token() <= last {
 			t.Fatalf("ownership %d has token %d, not above the previous %d", i, l.Token(), last)
 		}
-		if again := mustLock(t, ctx, m); again.Token() != l.Token() {
+		again := mustLock(t, redislock.WithOwner(ctx, l.Owner()), m)
+		if again.Token() != l.Token() {
 			t.Fatalf("re-entry changed the token from %d to %d", l.Token(), again.Token())
 		}
 		last = l.Token()
-		mustUnlock(t, ctx, m)
-		mustUnlock(t, ctx, m)
+		mustUnlock(t, ctx, again)
+		mustUnlock(t, ctx, l)
 	}
 	counter := "redisson_lock_token:{" + name + "}"
+	// The counter expires once its lock is long idle, like every key of the
+	// lock: tokens follow the server clock, so the next one still rises.
 	ttl, err := rdb.TTL(ctx, counter).Result()
-	if err != nil || ttl != -1 {
-		t.Fatalf("token counter TTL = %v (%v), want none", ttl, err)
+	if err != nil || ttl <= 0 {
+		t.Fatalf("token counter TTL = %v (%v), want an expiry", ttl, err)
 	}
 
 	// Redis loses the counter's last increments, or the whole counter (a
@@ -292,38 +314,86 @@ func testFencing(t *testing.T, b backend) {
 		if err := lose(); err != nil {
 			t.Fatal(err)
 		}
-		m := newMutex(t, c, name, nil)
-		if l := mustLock(t, ctx, m); l.Token() <= last {
+		l := mustLock(t, ctx, newMutex(t, c, name, nil))
+		if l.Token() <= last {
 			t.Fatalf("after the counter was set back, token %d is not above %d", l.Token(), last)
-		} else {
-			last = l.Token()
 		}
-		mustUnlock(t, ctx, m)
+		last = l.Token()
+		mustUnlock(t, ctx, l)
 	}
 }
 
-// testLeftoverLevels: an acquire that re-entered the owner's hold in Redis
-// but whose reply was lost leaves a level the caller never got. The Unlock
-// of the caller's last Lock releases it too, rather than leaving the lock
-// held under the watchdog.
-func testLeftoverLevels(t *testing.T, b backend) {
+// testLostReplies: an acquire or a release that ran in Redis but whose
+// reply was lost is sent again as the same request, and Redis answers it from
+// the request's latch: each Lock takes exactly one level and each Unlock
+// undoes exactly one, so no level is left that no Hold accounts for.
+func testLostReplies(t *testing.T, b backend) {
 	ctx := testContext(t)
 	rdb := b.newRedis(t)
-	c := newClient(t, rdb, redislock.Options{})
+	loser := &replyLoser{}
+	rdb.AddHook(loser)
+	c := newClient(t, rdb, redislock.Options{RetryFallback: 100 * time.Millisecond})
 	name := lockName(t)
 	m := newMutex(t, c, name, nil)
-	mustLock(t, ctx, m)
-	mustLock(t, ctx, m)
-	if err := rdb.HIncrBy(ctx, name, string(m.Owner()), 1).Err(); err != nil { // the lost re-entry
-		t.Fatal(err)
+	owner := c.NewOwner()
+	octx := redislock.WithOwner(ctx, owner)
+	wantCount := func(when string, want int64) {
+		t.Helper()
+		info := inspect(t, c, name)
+		if len(info.Holders) != 1 || info.Holders[0].Owner != owner || info.Holders[0].Count != want {
+			t.Fatalf("holders %s = %+v, want %s with count %d", when, info.Holders, owner, want)
+		}
 	}
-	mustUnlock(t, ctx, m)
-	if got := inspect(t, c, name).Holders; len(got) != 1 || got[0].Count != 2 {
-		t.Fatalf("holders after the first of two Unlocks = %+v, want count 2", got)
+
+	// The first Lock's reply is lost: sent again, it must not count as a
+	// re-entry of the hold it took.
+	loser.loseNext(acquireOf(owner))
+	first := mustLock(t, octx, m)
+	wantCount("after a Lock whose reply was lost", 1)
+	loser.loseNext(acquireOf(owner))
+	second := mustLock(t, octx, m)
+	wantCount("after a re-entry whose reply was lost", 2)
+	if second.Token() != first.Token() {
+		t.Fatalf("re-entry changed the token from %d to %d", first.Token(), second.Token())
 	}
-	mustUnlock(t, ctx, m)
+
+	// An Unlock whose reply was lost undoes one level, not two.
+	loser.loseNext(releaseOf(owner))
+	mustUnlock(t, ctx, second)
+	wantCount("after an Unlock whose reply was lost", 1)
+	if first.Err() != nil {
+		t.Fatalf("ownership ended after a non-final Unlock: %v", first.Err())
+	}
+	if n := loser.count(); n != 3 {
+		t.Fatalf("%d replies lost, want 3", n)
+	}
+	mustUnlock(t, ctx, first)
 	if inspect(t, c, name).Held() {
-		t.Fatal("lock still held after the Unlock of the caller's last Lock")
+		t.Fatal("lock still held after the Unlock of the last Hold")
+	}
+}
+
+// testHashTaggedName: a name with a Redis Cluster hash tag is used as it is,
+// and every key of the lock lands in the tag's slot (on a Cluster, a script
+// whose keys spanned slots would fail).
+func testHashTaggedName(t *testing.T, b backend) {
+	ctx := testContext(t)
+	rdb := b.newRedis(t)
+	c := newClient(t, rdb, redislock.Options{RetryFallback: 100 * time.Millisecond})
+	name := "{" + lockName(t) + "}:orders"
+	m := newMutex(t, c, name, nil)
+	held := mustLock(t, ctx, m)
+	if n, err := rdb.Exists(ctx, name).Result(); err != nil || n != 1 {
+		t.Fatalf("EXISTS %s = %d, %v; want the lock hash under the name as it is", name, n, err)
+	}
+	got := lockInBackground(t, ctx, m)
+	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the waiter to queue")
+	mustUnlock(t, ctx, held)
+	if l := receiveHold(t, got, 10*time.Second, "the hand-over on a hash-tagged name"); l != nil {
+		if l.Token() <= held.Token() {
+			t.Fatalf("hand-over token %d is not above the previous %d", l.Token(), held.Token())
+		}
+		mustUnlock(t, ctx, l)
 	}
 }
 
@@ -332,7 +402,7 @@ func testTryLockTimeout(t *testing.T, b backend) {
 	c := newClient(t, b.newRedis(t), redislock.Options{})
 	name := lockName(t)
 	holder, waiter := newMutex(t, c, name, nil), newMutex(t, c, name, nil)
-	mustLock(t, ctx, holder)
+	held := mustLock(t, ctx, holder)
 	_, err := waiter.TryLock(ctx, 100*time.Millisecond)
 	wantErr(t, err, redislock.ErrWaitTimeout)
 	if w := inspect(t, c, name).Waiters; len(w) != 0 {
@@ -342,7 +412,7 @@ func testTryLockTimeout(t *testing.T, b backend) {
 	cancel()
 	_, err = waiter.Lock(cancelled)
 	wantErr(t, err, context.Canceled)
-	mustUnlock(t, ctx, holder)
+	mustUnlock(t, ctx, held)
 }
 
 func testForceRelease(t *testing.T, b backend) {
@@ -352,16 +422,13 @@ func testForceRelease(t *testing.T, b backend) {
 	podUID := "0e9f6f1c-5b5e-4c1e-9d42-3f8c2a1b7d10"
 	pod := newMutex(t, c, name, &redislock.MutexOptions{Owner: redislock.Owner(podUID + ":1")})
 	podLease := mustLock(t, ctx, pod)
-	mustLock(t, ctx, pod)
+	// Locks of a Mutex with a fixed owner re-enter each other.
+	podAgain := mustLock(t, ctx, pod)
+	if info := inspect(t, c, name); len(info.Holders) != 1 || info.Holders[0].Owner != podLease.Owner() || info.Holders[0].Count != 2 {
+		t.Fatalf("holders after two Locks of a fixed owner = %+v, want %s:1 with count 2", info.Holders, podUID)
+	}
 
-	waiter := newMutex(t, c, name, nil)
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		if _, err := waiter.Lock(ctx); err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-	}()
+	got := lockInBackground(t, ctx, newMutex(t, c, name, nil))
 	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the waiter to queue")
 
 	// Another UID sharing a prefix is not touched.
@@ -372,14 +439,17 @@ func testForceRelease(t *testing.T, b backend) {
 	if err != nil || n != 1 {
 		t.Fatalf("ForceRelease = %d, %v; want 1 holder removed", n, err)
 	}
-	waitDone(t, got, 10*time.Second, "the waiter's wake-up after a forced release")
+	l := receiveHold(t, got, 10*time.Second, "the waiter's wake-up after a forced release")
 	wantErr(t, podLease.Err(), redislock.ErrReleased)
-	mustUnlock(t, ctx, waiter)
+	wantErr(t, podAgain.Err(), redislock.ErrReleased)
+	if l != nil {
+		mustUnlock(t, ctx, l)
+	}
 }
 
-// testMutualExclusion runs several clients, each with several goroutines,
-// through one lock, and counts every overlap a checker sees and every token
-// that does not rise.
+// testMutualExclusion runs several clients, each with several goroutines
+// sharing one Mutex, through one lock, and counts every overlap a checker
+// sees and every token that does not rise.
 func testMutualExclusion(t *testing.T, b backend) {
 	ctx := testContext(t)
 	name := lockName(t)
@@ -390,8 +460,8 @@ func testMutualExclusion(t *testing.T, b backend) {
 	var wg sync.WaitGroup
 	for range clients {
 		c := newClient(t, b.newRedis(t), redislock.Options{RetryFallback: 100 * time.Millisecond})
+		m := newMutex(t, c, name, nil)
 		for range workers {
-			m := newMutex(t, c, name, nil)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -413,7 +483,7 @@ func testMutualExclusion(t *testing.T, b backend) {
 					acquisitions.Add(1)
 					time.Sleep(100 * time.Microsecond)
 					inside.Add(-1)
-					if err := m.Unlock(ctx); err != nil {
+					if err := l.Unlock(ctx); err != nil {
 						t.Errorf("Unlock: %v", err)
 						return
 					}
@@ -452,19 +522,22 @@ func TestSameIDDifferentProcesses(t *testing.T) {
 	first := newClient(t, srv.Client(t), redislock.Options{ID: podUID})
 	second := newClient(t, srv.Client(t), redislock.Options{ID: podUID})
 	a, b := newMutex(t, first, lockName(t), nil), newMutex(t, second, lockName(t), nil)
-	if a.Owner() == b.Owner() || strings.HasSuffix(string(a.Owner()), ":0") {
-		t.Fatalf("owners %s and %s", a.Owner(), b.Owner())
+	if oa, ob := first.NewOwner(), second.NewOwner(); oa == ob || strings.HasSuffix(string(oa), ":0") || strings.HasSuffix(string(ob), ":0") {
+		t.Fatalf("owners %s and %s", oa, ob)
 	}
-	mustLock(t, ctx, a)
+	held := mustLock(t, ctx, a)
+	if !strings.HasPrefix(string(held.Owner()), podUID+":") || strings.HasSuffix(string(held.Owner()), ":0") {
+		t.Fatalf("owner %s", held.Owner())
+	}
 	_, err := b.TryLock(ctx, 0)
 	wantErr(t, err, redislock.ErrWaitTimeout)
-	mustUnlock(t, ctx, a)
+	mustUnlock(t, ctx, held)
 }
 
 // TestRetakenAfterForcedRelease: an owner's hold is force-released behind
 // its back and the owner locks again before its watchdog noticed. That is a
-// new ownership, not a re-entry: a new lease with a new token, and the old
-// lease ends as lost.
+// new ownership, not a re-entry: a new hold with a new token, and the old
+// hold ends as lost. Its Unlock cannot undo the new ownership.
 func TestRetakenAfterForcedRelease(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := testContext(t)
@@ -478,8 +551,8 @@ func TestRetakenAfterForcedRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	renewed := mustLock(t, ctx, m)
-	if renewed == old || renewed.Token() <= old.Token() {
-		t.Fatalf("lock after a forced release: same lease %v, tokens %d then %d", renewed == old, old.Token(), renewed.Token())
+	if renewed.Token() <= old.Token() {
+		t.Fatalf("lock after a forced release: tokens %d then %d", old.Token(), renewed.Token())
 	}
 	wantErr(t, old.Err(), redislock.ErrNotOwner)
 	if renewed.Err() != nil {
@@ -488,5 +561,16 @@ func TestRetakenAfterForcedRelease(t *testing.T) {
 	if info := inspect(t, c, m.Name()); info.Holders[0].Count != 1 {
 		t.Fatalf("reentry count %d, want 1", info.Holders[0].Count)
 	}
-	mustUnlock(t, ctx, m)
+	// The old Hold's Lock was undone by the forced release: unlocking it
+	// must not undo the new ownership's level.
+	if err := old.Unlock(ctx); err == nil {
+		t.Error("Unlock of the Hold whose ownership was force-released succeeded")
+	}
+	if info := inspect(t, c, m.Name()); !info.Held() || info.Holders[0].Owner != owner || info.Holders[0].Count != 1 || info.Token != renewed.Token() {
+		t.Fatalf("after the old Hold's Unlock the lock is %+v, want still held once by %s with token %d", info, owner, renewed.Token())
+	}
+	if renewed.Err() != nil {
+		t.Fatalf("the new hold ended after the old Hold's Unlock: %v", renewed.Err())
+	}
+	mustUnlock(t, ctx, renewed)
 }

@@ -8,66 +8,89 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// MinLease is the shortest lease accepted, fixed or watchdog: a shorter one
+// leaves no room for the safety margin in whole milliseconds, the unit
+// Redis keeps leases in.
+const MinLease = 10 * time.Millisecond
+
 // MutexOptions configure a Mutex. The zero value is ready to use.
 type MutexOptions struct {
 	// Lease, if above 0, is a fixed lease: the lock expires that long after
-	// each Lock unless unlocked first, and no watchdog renews it. Default:
-	// 0, a watchdog lease (Options.WatchdogLease) renewed until Unlock.
+	// each Lock unless unlocked first, and no watchdog renews it. It must be
+	// a whole number of milliseconds, at least MinLease. Default: 0, a
+	// watchdog lease (Options.WatchdogLease) renewed until Unlock.
 	Lease time.Duration
-	// Owner is who the Mutex acts for when the context carries no owner
-	// (see WithOwner). Default: a new owner from Client.NewOwner, so each
-	// Mutex is its own owner, and locking it twice re-enters it.
+	// Owner, if set, is who every Lock of the Mutex acts for, unless the
+	// context carries an owner (WithOwner): such Locks re-enter each other
+	// rather than exclude each other. It is meant for a controller that
+	// holds locks on behalf of others, under owner IDs they can be
+	// recognised by. Default: none, so every Lock acts for a new owner, and
+	// the Mutex excludes goroutines as sync.Mutex does.
 	Owner Owner
 }
 
-// Mutex is a reentrant lock on one name, acting for one owner at a time.
-// The owner is the one carried by the call's context (WithOwner), or else the
-// Mutex's own. A Mutex is safe for concurrent use, but note that concurrent
-// calls without a context owner act for the same owner and so re-enter
-// rather than exclude each other: give each worker its own Mutex or owner.
+// Mutex is a lock on one name. Every Lock takes the lock for a new owner,
+// so goroutines that share a Mutex exclude each other, as with sync.Mutex.
+// Re-entry is explicit: a Lock whose context carries the owner of a Hold
+// (WithOwner(ctx, hold.Owner())) re-enters that ownership. A Mutex is safe
+// for concurrent use.
 type Mutex struct {
 	c     *Client
 	keys  lockKeys
 	lease time.Duration // 0: watchdog
-	owner Owner
+	owner Owner         // MutexOptions.Owner
 }
 
-// NewMutex returns a Mutex for the lock name. opts may be nil. The name is
-// checked here, before any call to Redis.
+// NewMutex returns a Mutex for the lock name. opts may be nil. The name and
+// the options are checked here, before any call to Redis.
 func (c *Client) NewMutex(name string, opts *MutexOptions) (*Mutex, error) {
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
 	m := &Mutex{c: c, keys: keysFor(name)}
 	if opts != nil {
-		if opts.Lease < 0 {
-			return nil, fmt.Errorf("redislock: MutexOptions.Lease %v is negative", opts.Lease)
+		if opts.Lease != 0 {
+			if err := validateLease("MutexOptions.Lease", opts.Lease); err != nil {
+				return nil, err
+			}
+		}
+		if opts.Owner != "" {
+			if err := opts.Owner.Validate(); err != nil {
+				return nil, err
+			}
 		}
 		m.lease, m.owner = opts.Lease, opts.Owner
 	}
-	if m.owner == "" {
-		m.owner = c.NewOwner()
-	}
-	if err := m.owner.Validate(); err != nil {
-		return nil, err
-	}
 	return m, nil
+}
+
+// validateLease rejects a lease Redis cannot keep as given.
+func validateLease(what string, lease time.Duration) error {
+	switch {
+	case lease < MinLease:
+		return fmt.Errorf("redislock: %s %v is below the minimum of %v", what, lease, MinLease)
+	case lease%time.Millisecond != 0:
+		return fmt.Errorf("redislock: %s %v is not a whole number of milliseconds, which Redis keeps leases in", what, lease)
+	}
+	return nil
 }
 
 // Name returns the lock name.
 func (m *Mutex) Name() string { return m.keys.name }
 
-// Owner returns who the Mutex acts for when the context carries no owner.
-func (m *Mutex) Owner() Owner { return m.owner }
-
+// ownerFor returns who a Lock acts for: the context's owner, the Mutex's
+// fixed owner, or else a new one.
 func (m *Mutex) ownerFor(ctx context.Context) (Owner, error) {
 	if o, ok := OwnerFromContext(ctx); ok {
 		return o, o.Validate()
 	}
-	return m.owner, nil
+	if m.owner != "" {
+		return m.owner, nil
+	}
+	return m.c.NewOwner(), nil
 }
 
-// lease returns the lease to request and whether the watchdog keeps it.
+// leaseTerms returns the lease to request and whether the watchdog keeps it.
 func (m *Mutex) leaseTerms() (time.Duration, bool) {
 	if m.lease > 0 {
 		return m.lease, false
@@ -75,31 +98,33 @@ func (m *Mutex) leaseTerms() (time.Duration, bool) {
 	return m.c.opts.WatchdogLease, true
 }
 
-// Lock blocks until the owner holds the lock, or ctx ends (it then returns
-// ctx's error). If the owner already holds it, Lock re-enters at once and
-// returns the same Lease, with the same fencing token. If Redis cannot be
-// reached on the first attempt, Lock returns ErrUnavailable; once waiting,
-// it rides out Redis errors (a failover, a dropped connection) and retries.
-// If the lease ran out before Redis's answer came back (the process was
-// paused, or the network slowed, past the lease), Lock returns ErrLeaseLost.
-func (m *Mutex) Lock(ctx context.Context) (*Lease, error) {
+// Lock blocks until it holds the lock, or ctx ends (it then returns ctx's
+// error), and returns the Hold whose Unlock undoes it. If ctx carries an
+// owner that holds the lock, Lock re-enters at once, with the same fencing
+// token. If Redis cannot be reached on the first attempt, Lock returns
+// ErrUnavailable; once waiting, it rides out Redis errors (a failover, a
+// dropped connection) and retries. If the lease ran out before Redis's
+// answer came back (the process was paused, or the network slowed, past the
+// lease), Lock returns ErrLeaseLost.
+func (m *Mutex) Lock(ctx context.Context) (*Hold, error) {
 	return m.lock(ctx, -1)
 }
 
 // TryLock is Lock with a wait bound: it returns ErrWaitTimeout if the lock
 // is not held within wait. A wait of 0 makes a single attempt.
-func (m *Mutex) TryLock(ctx context.Context, wait time.Duration) (*Lease, error) {
+func (m *Mutex) TryLock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	if wait < 0 {
 		return nil, fmt.Errorf("redislock: TryLock wait %v is negative", wait)
 	}
 	return m.lock(ctx, wait)
 }
 
-func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Lease, error) {
+func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	c := m.c
-	if err := c.checkOpen(); err != nil {
+	if err := c.beginCall(); err != nil {
 		return nil, err
 	}
+	defer c.endCall()
 	owner, err := m.ownerFor(ctx)
 	if err != nil {
 		return nil, err
@@ -140,72 +165,6 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Lease, error) {
 	return stillHeld(c.hold(m, owner, res, start))
 }
 
-// Unlock undoes one Lock by the owner. The final Unlock frees the lock,
-// wakes waiters and stops the watchdog's renewal of it before returning. It
-// returns ErrNotHeld if nobody holds the lock, ErrNotOwner if another owner
-// does, and changes nothing in either case. If Redis cannot be reached it
-// returns ErrUnavailable and the hold stays as it was, kept by the watchdog:
-// retry the Unlock (or Close the Client, which stops every renewal), or the
-// lock stays held.
-func (m *Mutex) Unlock(ctx context.Context) error {
-	c := m.c
-	if err := c.checkOpen(); err != nil {
-		return err
-	}
-	owner, err := m.ownerFor(ctx)
-	if err != nil {
-		return err
-	}
-	lease, _ := m.leaseTerms()
-	key := holdKey{m.keys.name, owner}
-
-	// Shared with other Unlocks, exclusive with a renewal batch: a renewal
-	// in flight completes before the release, and none starts during it.
-	c.renewing.RLock()
-	defer c.renewing.RUnlock()
-
-	// The Unlock that undoes the last Lock this client handed out releases
-	// every level Redis has for the owner: levels this client never handed
-	// out are left over from an acquisition whose reply was lost, and would
-	// otherwise keep the lock held under the watchdog for good.
-	c.mu.Lock()
-	l := c.held[key]
-	final := l == nil || l.levels <= 1
-	c.mu.Unlock()
-
-	sent := time.Now()
-	remaining, err := c.release(ctx, m, owner, lease, final)
-	if err != nil {
-		return unavailable(err)
-	}
-
-	switch {
-	case remaining > 0:
-		if l != nil {
-			c.mu.Lock()
-			l.levels--
-			c.extendLocked(l, sent, lease)
-			c.mu.Unlock()
-		}
-		return nil
-	case remaining == 0:
-		if l != nil {
-			c.end(l, ErrReleased)
-		}
-		return nil
-	case remaining == -2:
-		if l != nil {
-			c.end(l, ErrNotOwner)
-		}
-		return ErrNotOwner
-	default:
-		if l != nil {
-			c.end(l, ErrLeaseLost)
-		}
-		return ErrNotHeld
-	}
-}
-
 // acquireResult is the outcome of one acquire attempt, or of a hand-over.
 type acquireResult struct {
 	acquired bool
@@ -219,33 +178,44 @@ type acquireResult struct {
 	// handover, above 0, is the lease a hand-over granted, which may be
 	// shorter than the one asked for (see free_lock in scripts/lib.lua).
 	handover time.Duration
+	// granted is set when the lock came as a grant to the queued waiter
+	// (see scripts/lib.lua) that its release must clear.
+	granted bool
 }
 
 // tryAcquire runs the acquire script once: one round trip, or one pipelined
-// round trip with WAIT when Options.WaitReplicas is set. takeHandover is set
-// for an owner already queued (see acquire.lua's ARGV[5]).
-func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, takeHandover bool) (acquireResult, error) {
+// round trip with WAIT when Options.WaitReplicas is set. If the reply is
+// lost, the same request is sent again until Redis answers (see request.go).
+// queued is set for an owner already queued, which takes a grant to it
+// (see acquire.lua's ARGV[5]). If ctx ended while the outcome was being
+// found out and the lock was taken, it is released again.
+func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, queued bool) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
 		return acquireResult{}, err // nothing sent, nothing to undo
 	}
 	lease, _ := m.leaseTerms()
-	keys := m.keys.all
-	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, takeHandover}
+	request := newRequestID()
+	keys := m.keys.withLatch(request)
+	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, queued,
+		c.latchTTL.Milliseconds(), c.opts.ID}
 
 	res := acquireResult{sent: time.Now()}
-	var reply []any
-	var err error
-	if c.opts.WaitReplicas > 0 {
-		reply, err = c.acquireSynced(ctx, m, owner, keys, args)
-	} else {
-		reply, err = acquireScript.Run(ctx, c.rdb, keys, args...).Slice()
-	}
+	reply, err := resolved(ctx, c, func(ctx context.Context) ([]any, error) {
+		if c.opts.WaitReplicas > 0 {
+			return c.acquireSynced(ctx, m, keys, args)
+		}
+		return acquireScript.Run(ctx, c.rdb, keys, args...).Slice()
+	})
 	c.opts.Metrics.observeAcquire(time.Since(res.sent))
 	if err != nil {
-		if !neverSent(err) {
-			c.compensate(m, owner)
-		}
-		return res, unavailable(err)
+		// The outcome stays unknown: whatever Redis did, nobody renews it,
+		// so a hold or a queue entry it made runs out on its own.
+		return res, failure(ctx, err)
+	}
+	var acked int64 = -1
+	if c.opts.WaitReplicas > 0 && len(reply) > 0 {
+		acked, _ = reply[len(reply)-1].(int64)
+		reply = reply[:len(reply)-1]
 	}
 	status, _ := reply[0].(int64)
 	if len(reply) != 3+int(1-status) { // {1, token, count} or {0, pttl, isHead, token}
@@ -254,18 +224,31 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 	value, _ := reply[1].(int64)
 	third, _ := reply[2].(int64)
 	if status == 1 {
-		res.acquired, res.token = true, value
+		res.acquired, res.token, res.granted = true, value, queued
 	} else {
 		res.pttl, res.head = time.Duration(value)*time.Millisecond, third == 1
 		res.token, _ = reply[3].(int64)
+	}
+	if res.acquired && acked >= 0 && acked < int64(c.opts.WaitReplicas) {
+		c.undoAcquire(ctx, m, owner, res.granted)
+		return acquireResult{}, fmt.Errorf("%w: only %d of %d replicas acknowledged the lock within %v", ErrUnavailable,
+			acked, c.opts.WaitReplicas, c.opts.WaitReplicasTimeout)
+	}
+	if res.acquired && ctx.Err() != nil {
+		// The caller gave up while the outcome was being found out.
+		c.undoAcquire(ctx, m, owner, res.granted)
+		return acquireResult{}, ctx.Err()
 	}
 	return res, nil
 }
 
 // acquireSynced sends the acquire script and WAIT in one pipeline on the
-// lock's master, so WAIT covers exactly this write. If too few replicas
-// acknowledge, a successful acquisition is undone.
-func (c *Client) acquireSynced(ctx context.Context, m *Mutex, owner Owner, keys []string, args []any) ([]any, error) {
+// lock's master, so WAIT covers exactly this write. It returns the script's
+// reply followed by the number of replicas that acknowledged it. A reply
+// answered from the request's latch may come with a WAIT that covers no
+// write of this connection; it then reports replicas that had already
+// acknowledged everything before it.
+func (c *Client) acquireSynced(ctx context.Context, m *Mutex, keys []string, args []any) ([]any, error) {
 	var node redis.Cmdable = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		master, err := cc.MasterForKey(ctx, m.keys.name)
@@ -295,188 +278,29 @@ func (c *Client) acquireSynced(ctx context.Context, m *Mutex, owner Owner, keys 
 	if err != nil {
 		return nil, err
 	}
-	if acked, _ := wait.Int64(); acked < int64(c.opts.WaitReplicas) {
-		if status, _ := reply[0].(int64); status == 1 {
-			lease, _ := m.leaseTerms()
-			_, _ = c.release(ctx, m, owner, lease, false)
-		}
-		return nil, fmt.Errorf("only %d of %d replicas acknowledged the lock within %v", acked, c.opts.WaitReplicas, c.opts.WaitReplicasTimeout)
-	}
-	return reply, nil
+	acked, _ := wait.Int64()
+	return append(reply, acked), nil
 }
 
-// compensate undoes an acquire attempt whose reply was lost (the call may
-// still have run), so a failed Lock leaves nothing behind: it releases an
-// acquisition and leaves the wait queue. It only runs when the owner held
-// nothing before: then a release either undoes exactly that acquisition or
-// finds nothing to undo. If Redis stays unreachable, the lease and the queue
-// entry run out on their own.
-func (c *Client) compensate(m *Mutex, owner Owner) {
-	c.mu.Lock()
-	_, heldBefore := c.held[holdKey{m.keys.name, owner}]
-	c.mu.Unlock()
-	if heldBefore {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.RetryFallback)
+// undoAcquire releases the level an acquisition took, when the caller will
+// not get its Hold. Best effort: if Redis does not answer, the level runs out
+// with its lease, since nobody renews it.
+func (c *Client) undoAcquire(ctx context.Context, m *Mutex, owner Owner, granted bool) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
 	defer cancel()
 	lease, _ := m.leaseTerms()
-	_, _ = c.release(ctx, m, owner, lease, false)
-	c.leaveQueue(ctx, m, owner)
+	_, _ = c.release(uctx, &m.keys, owner, lease, newRequestID(), granted)
 }
 
 // release runs the release script: it undoes one level of the owner's hold,
-// or every level if all is set, and when that frees the lock hands it to the
-// next live waiter. lease is restored while levels remain. It returns the
-// script's reply (see release.lua).
-func (c *Client) release(ctx context.Context, m *Mutex, owner Owner, lease time.Duration, all bool) (int64, error) {
-	return releaseScript.Run(ctx, c.rdb, m.keys.all, string(owner), lease.Milliseconds(), all,
-		noticePrefix, c.opts.QueueTTL.Milliseconds()).Int64()
-}
-
-// holdKey identifies one owner's hold on one lock within a client.
-type holdKey struct {
-	name  string
-	owner Owner
-}
-
-// Lease is an owner's hold on a lock, from the Lock that took it to the
-// Unlock that freed it. Re-entries share the Lease.
-type Lease struct {
-	c        *Client
-	key      holdKey
-	token    int64
-	acquired time.Time
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
-
-	// Guarded by Client.mu.
-	levels      int // Locks not yet undone by an Unlock
-	lease       time.Duration
-	watchdog    bool
-	deadline    time.Time // local monotonic deadline of the ownership
-	deadlineSet time.Time // send time of the call that set deadline
-	// confirmBy, if set, is when a lease shortened by its hand-over gets
-	// extended to the full lease; confirming is set once that is asked of
-	// the renewal loop.
-	confirmBy  time.Time
-	confirming bool
-	timer      *time.Timer
-}
-
-// Name returns the lock name.
-func (l *Lease) Name() string { return l.key.name }
-
-// Owner returns the holder.
-func (l *Lease) Owner() Owner { return l.key.owner }
-
-// Token returns the fencing token of this ownership: strictly greater than
-// that of every earlier ownership of the lock, and the same across
-// re-entries. Pass it to the protected resource, which should refuse writes
-// with a token lower than one it has seen.
-func (l *Lease) Token() int64 { return l.token }
-
-// Context returns a context that is cancelled when the ownership ends or can
-// no longer be vouched for. context.Cause tells why: ErrReleased after the
-// final Unlock, ErrNotOwner when a renewal found the lock taken from the
-// owner, ErrLeaseLost when no renewal succeeded before the local deadline,
-// ErrClosed when the client closed.
-func (l *Lease) Context() context.Context { return l.ctx }
-
-// Done is Context().Done().
-func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
-
-// Err returns nil while the lease is held, and afterwards why it ended (see
-// Context). It reads the clock itself rather than trusting the deadline timer
-// to have fired: in a process just resumed from a pause, the timer may not
-// have run yet, but Err already reports the loss.
-func (l *Lease) Err() error {
-	if err := context.Cause(l.ctx); err != nil {
-		return err
-	}
-	c := l.c
-	c.mu.Lock()
-	overdue := c.held[l.key] == l && !time.Now().Before(l.deadline)
-	c.mu.Unlock()
-	if overdue {
-		c.end(l, ErrLeaseLost)
-	}
-	return context.Cause(l.ctx)
-}
-
-// stillHeld returns l, or ErrLeaseLost if its deadline passed before Lock
-// could return it: the process was paused, or the reply slowed, past the
-// lease.
-func stillHeld(l *Lease) (*Lease, error) {
-	if err := l.Err(); err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-// hold records a successful acquisition and arms its deadline. A re-entry
-// returns the Lease already held; one that was lost is replaced.
-func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time) *Lease {
-	lease, watchdog := m.leaseTerms()
-	key := holdKey{m.keys.name, owner}
-	c.opts.Metrics.observeWait(time.Since(start))
-
-	c.mu.Lock()
-	l := c.held[key]
-	var lapsed *Lease
-	if l != nil && l.token != res.token {
-		// A new token: the old ownership ended (say, force-released) before
-		// this client noticed, and this is a new one, not a re-entry.
-		lapsed, l = l, nil
-		delete(c.held, key)
-	}
-	if l == nil {
-		l = &Lease{c: c, key: key, token: res.token, acquired: res.sent}
-		l.ctx, l.cancel = context.WithCancelCause(context.Background())
-		l.timer = time.AfterFunc(time.Hour, func() { c.checkDeadline(l) })
-		c.held[key] = l
-	}
-	l.levels++
-	l.lease, l.watchdog = lease, watchdog
-	granted := lease
-	if res.handover > 0 && res.handover < lease {
-		granted = res.handover
-	}
-	c.extendLocked(l, res.sent, granted)
-	c.mu.Unlock()
-	if lapsed != nil {
-		c.finish(lapsed, ErrNotOwner)
-	}
-	return l
-}
-
-// end forgets l and ends its context with cause, if l is still held, after
-// recording the hold time or the loss, so whoever sees the context end also
-// sees the metrics. It reports whether l was still held.
-func (c *Client) end(l *Lease, cause error) bool {
-	c.mu.Lock()
-	current := c.held[l.key] == l
-	if current {
-		delete(c.held, l.key)
-	}
-	c.mu.Unlock()
-	if current {
-		c.finish(l, cause)
-	}
-	return current
-}
-
-// finish stops a lease that is no longer held and ends its context with
-// cause, after recording the hold time or the loss.
-func (c *Client) finish(l *Lease, cause error) {
-	l.timer.Stop()
-	switch cause {
-	case ErrReleased:
-		c.opts.Metrics.observeHold(time.Since(l.acquired))
-	case ErrClosed:
-	default:
-		c.opts.Metrics.lostLease()
-		c.opts.Logger.Info("lock lease lost", "lock", l.key.name, "owner", string(l.key.owner), "cause", cause.Error())
-	}
-	l.cancel(cause)
+// and when that frees the lock hands it to the next live waiter. lease is
+// restored while levels remain. A lost reply is resolved by sending the same
+// request again. It returns the script's reply (see release.lua).
+func (c *Client) release(ctx context.Context, keys *lockKeys, owner Owner, lease time.Duration, request string, granted bool) (int64, error) {
+	latched := keys.withLatch(request)
+	n, err := resolved(ctx, c, func(ctx context.Context) (int64, error) {
+		return releaseScript.Run(ctx, c.rdb, latched, string(owner), lease.Milliseconds(),
+			noticePrefix, c.opts.QueueTTL.Milliseconds(), c.latchTTL.Milliseconds(), granted).Int64()
+	})
+	return n, failure(ctx, err)
 }

@@ -176,5 +176,5 @@ func TestPausedHolder(t *testing.T) {
 			t.Fatalf("a stale write was accepted after the new holder's: %v", log)
 		}
 	}
-	mustUnlock(t, ctx, m)
+	mustUnlock(t, ctx, lease)
 }

@@ -1,7 +1,6 @@
 package redislock
 
 import (
-	"context"
 	_ "embed"
 	"errors"
 	"strings"
@@ -27,9 +26,13 @@ var (
 )
 
 // The scripts run with EVALSHA; go-redis falls back to EVAL, which also loads
-// the script, when the server answers NOSCRIPT (after a restart or failover).
-// All but renew.lua take the KEYS of lockKeys.all and get the shared helpers
-// of lib.lua prepended.
+// the script, when the server answers NOSCRIPT (after a restart or failover),
+// and the renewal loop does the same for each pipelined renewal refused (see
+// renewBatch). Scripts are loaded per node this way rather than kept as Redis
+// Functions: EVALSHA works on every Redis a Redisson client works on, and a
+// node that lost its cache costs one EVAL, not a deployment step.
+// All but renew.lua take the KEYS of lockKeys.all (acquire and release with
+// a request latch added) and get the shared helpers of lib.lua prepended.
 var (
 	acquireScript      = redis.NewScript(libLua + acquireLua)
 	releaseScript      = redis.NewScript(libLua + releaseLua)
@@ -41,16 +44,6 @@ var (
 
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
-}
-
-// loadScript loads s on every node that may run it (all masters of a Cluster).
-func loadScript(ctx context.Context, rdb redis.UniversalClient, s *redis.Script) error {
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return s.Load(ctx, node).Err()
-		})
-	}
-	return s.Load(ctx, rdb).Err()
 }
 
 // errScriptReply reports a reply of an unexpected shape: a bug or a foreign

@@ -38,6 +38,16 @@ const (
 	soakLocks           = 16
 	soakLease           = 2 * time.Second
 	soakDefaultTarget   = 100_000
+	soakWait            = 5 * time.Second
+	// soakWaitBound is the longest a TryLock(soakWait) may take: the wait,
+	// one Redis call in flight when it ends with go-redis's own retries
+	// (4 × its 3s read timeout), the lock client's resolve window (its
+	// QueueTTL), and the leave that takes it out of the queue.
+	soakWaitBound     = soakWait + 4*3*time.Second + soakQueueTTL + soakRetryFallback
+	soakRetryFallback = 200 * time.Millisecond
+	soakQueueTTL      = 5 * soakRetryFallback
+	soakUser          = "locks"
+	soakPassword      = "soak-password"
 )
 
 // soakConfig tells one soak process where to work and who it is.
@@ -125,7 +135,7 @@ func checkerKeys(lock string) []string {
 }
 
 // soakViolations are the checker's counters that must stay 0.
-var soakViolations = []string{"overlaps", "token regressions", "stale writes accepted"}
+var soakViolations = []string{"overlaps", "token regressions", "stale writes accepted", "waits past their bound"}
 
 // TestSoak runs 8 processes of 4 lock clients each over 16 locks until they
 // have made at least 100,000 acquisitions, while faults strike at random:
@@ -147,7 +157,10 @@ func TestSoak(t *testing.T) {
 	}
 	// appendfsync always: a crash loses no acknowledged lock (see
 	// TestRedisRestartWithAOF for everysec).
-	lockRedis := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	// The workers connect as a user with only redislock.MinimalACL, which
+	// the server's own configuration keeps across its restarts.
+	aclUser := append([]string{"--user", soakUser, "on", ">" + soakPassword}, strings.Fields(redislock.MinimalACL)...)
+	lockRedis := redistest.Start(t, append([]string{"--appendonly", "yes", "--appendfsync", "always"}, aclUser...)...)
 	checker := redistest.Start(t)
 	admin := checker.Client(t)
 	ctx := context.Background()
@@ -333,6 +346,13 @@ var soakFaults = []soakFault{
 		time.Sleep(randDuration(r, soakLease/4, soakLease))
 		p.proxy.Heal()
 	}},
+	{"replies lost", func(s *soak, p *soakProc, r *rand.Rand) {
+		// Commands run, but their replies are lost and the connections
+		// reset: go-redis and the lock client send them again.
+		p.proxy.LoseRepliesAtRandom(0.05 + 0.25*r.Float64())
+		time.Sleep(randDuration(r, soakLease/4, soakLease))
+		p.proxy.Heal()
+	}},
 	{"process killed and restarted", func(s *soak, p *soakProc, r *rand.Rand) {
 		_ = p.cmd.Process.Kill()
 		<-p.exited
@@ -414,19 +434,24 @@ func runSoakChild(raw string) int {
 		rdbs    []*redis.Client
 		clients []*redislock.Client
 	)
-	for i := range soakClients {
-		rdb := redis.NewClient(&redis.Options{Addr: cfg.LockAddr})
+	for range soakClients {
+		rdb := redis.NewClient(&redis.Options{Addr: cfg.LockAddr, Username: soakUser, Password: soakPassword})
 		rdbs = append(rdbs, rdb)
-		c, err := redislock.New(rdb, redislock.Options{WatchdogLease: soakLease, RetryFallback: 200 * time.Millisecond})
+		c, err := redislock.New(rdb, redislock.Options{WatchdogLease: soakLease, RetryFallback: soakRetryFallback, QueueTTL: soakQueueTTL})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "soak child:", err)
 			return 2
 		}
 		clients = append(clients, c)
+	}
+	for i, c := range clients {
+		// Each worker's neighbour client re-enters its holds for the same
+		// owner: one owner from two Clients.
+		neighbour := clients[(i+1)%len(clients)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.run(ctx, c, cfg.WorkerOffset+i)
+			w.run(ctx, c, neighbour, cfg.WorkerOffset+i)
 		}()
 	}
 
@@ -479,16 +504,21 @@ type soakWorker struct {
 }
 
 // run takes random locks until ctx ends. Each acquisition enters the
-// checker, writes one to three times while the lease holds, and leaves
-// before unlocking.
-func (w *soakWorker) run(ctx context.Context, c *redislock.Client, worker int) {
+// checker, writes one to three times while the hold lasts, and leaves before
+// unlocking. Every other acquisition is re-entered at the same time, for the
+// same owner, from a second goroutine on this client and from a third on
+// the neighbour client: concurrent calls by one owner, which must share the
+// hold and never free it early.
+func (w *soakWorker) run(ctx context.Context, c, neighbour *redislock.Client, worker int) {
 	r := rand.New(rand.NewPCG(uint64(worker), uint64(w.cfg.Incarnation)))
-	mutexes := make(map[string]*redislock.Mutex)
+	mutexes := make(map[string][2]*redislock.Mutex)
 	for n := 0; ctx.Err() == nil; n++ {
 		name := fmt.Sprintf("soak:lock:%d", r.IntN(soakLocks))
-		m := mutexes[name]
-		if m == nil {
-			m, _ = c.NewMutex(name, nil)
+		m, ok := mutexes[name]
+		if !ok {
+			own, _ := c.NewMutex(name, nil)
+			other, _ := neighbour.NewMutex(name, nil)
+			m = [2]*redislock.Mutex{own, other}
 			mutexes[name] = m
 		}
 		pauses, err := w.checker.HGet(ctx, "soak:procs", fmt.Sprintf("pauses:%d", w.cfg.Process)).Result()
@@ -496,7 +526,11 @@ func (w *soakWorker) run(ctx context.Context, c *redislock.Client, worker int) {
 			w.noteError("checker", err)
 			continue
 		}
-		lease, err := m.TryLock(ctx, 5*time.Second)
+		asked := time.Now()
+		hold, err := m[0].TryLock(ctx, soakWait)
+		if took := time.Since(asked); took > soakWaitBound {
+			w.countViolation("waits past their bound", fmt.Sprintf("TryLock(%v) took %v", soakWait, took))
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				w.noteError("lock", err)
@@ -506,18 +540,56 @@ func (w *soakWorker) run(ctx context.Context, c *redislock.Client, worker int) {
 		}
 		w.acquisitions.Add(1)
 		holder := fmt.Sprintf("%d.%d.%d.%d", w.cfg.Process, w.cfg.Incarnation, worker, n)
-		w.critical(lease, name, holder, pauses, 1+r.IntN(3))
-		w.unlock(m)
+		var reentries sync.WaitGroup
+		if n%2 == 0 {
+			for _, mu := range m {
+				reentries.Add(1)
+				ms := r.IntN(3)
+				go func() {
+					defer reentries.Done()
+					w.reenter(hold, mu, ms)
+				}()
+			}
+		}
+		w.critical(hold, name, holder, pauses, 1+r.IntN(3))
+		reentries.Wait()
+		w.unlock(hold)
 	}
 }
 
-// unlock releases the worker's hold. An Unlock that fails for want of
-// Redis changes nothing, and the watchdog keeps the hold, so it is retried
-// until Redis answers: released, or no longer held.
-func (w *soakWorker) unlock(m *redislock.Mutex) {
+// reenter takes the lock again for hold's owner, holds the re-entry for a
+// moment, and unlocks it.
+func (w *soakWorker) reenter(hold *redislock.Hold, m *redislock.Mutex, ms int) {
+	ctx, cancel := context.WithTimeout(redislock.WithOwner(context.Background(), hold.Owner()), soakWait)
+	defer cancel()
+	again, err := m.TryLock(ctx, 0)
+	if err != nil {
+		if !errors.Is(err, redislock.ErrWaitTimeout) { // a lost hold cannot be re-entered
+			w.noteError("re-entry", err)
+		}
+		return
+	}
+	switch {
+	case again.Token() < hold.Token():
+		w.countViolation("token regressions", fmt.Sprintf("a re-entry of %s got token %d, below its %d", hold.Owner(), again.Token(), hold.Token()))
+	case again.Token() > hold.Token() && hold.Err() == nil:
+		// A new ownership of the same owner is right only once the first
+		// one has ended (its lease ran out, and the Lock took the lock
+		// anew): two that both count as held overlap.
+		w.countViolation("overlaps", fmt.Sprintf("%s holds with token %d and %d at once", hold.Owner(), hold.Token(), again.Token()))
+	}
+	time.Sleep(time.Duration(ms) * time.Millisecond)
+	w.unlock(again)
+}
+
+// unlock releases a hold. An Unlock that fails for want of Redis is retried
+// with the same Hold, which resends the same request: Redis applies it at
+// most once. A last Unlock that failed ends the hold anyway, and the retry
+// then reports ErrNotHeld.
+func (w *soakWorker) unlock(hold *redislock.Hold) {
 	for range 100 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := m.Unlock(ctx)
+		err := hold.Unlock(ctx)
 		cancel()
 		if err == nil {
 			return
@@ -530,18 +602,27 @@ func (w *soakWorker) unlock(m *redislock.Mutex) {
 	}
 }
 
+// countViolation counts a violation the worker saw itself in the checker.
+func (w *soakWorker) countViolation(kind, what string) {
+	ctx := context.Background()
+	if err := w.checker.HIncrBy(ctx, "soak:stats", kind, 1).Err(); err != nil {
+		w.noteError("checker", err)
+	}
+	_ = w.checker.RPush(ctx, "soak:timeline", kind+": "+what).Err()
+}
+
 // critical is the guarded work: the checker calls go to a Redis that no
-// fault touches, and each is made only while the lease still holds.
-func (w *soakWorker) critical(lease *redislock.Lease, name, holder, pauses string, writes int) {
+// fault touches, and each is made only while the hold lasts.
+func (w *soakWorker) critical(hold *redislock.Hold, name, holder, pauses string, writes int) {
 	ctx := context.Background()
 	keys := checkerKeys(name)
-	if lease.Err() != nil {
+	if hold.Err() != nil {
 		return
 	}
 	if pauses == "" {
 		pauses = "0"
 	}
-	args := []any{holder, lease.Token(), w.cfg.Process, w.cfg.Incarnation, pauses}
+	args := []any{holder, hold.Token(), w.cfg.Process, w.cfg.Incarnation, pauses}
 	entered, err := checkerEnter.Run(ctx, w.checker, keys, args...).Int()
 	if err != nil || entered == 0 {
 		if err != nil {
@@ -550,10 +631,10 @@ func (w *soakWorker) critical(lease *redislock.Lease, name, holder, pauses strin
 		return
 	}
 	for range writes {
-		if lease.Err() != nil {
+		if hold.Err() != nil {
 			break
 		}
-		if err := checkerWrite.Run(ctx, w.checker, keys, holder, lease.Token()).Err(); err != nil {
+		if err := checkerWrite.Run(ctx, w.checker, keys, holder, hold.Token()).Err(); err != nil {
 			w.noteError("checker", err)
 		}
 	}
@@ -570,6 +651,9 @@ func (w *soakWorker) noteError(op string, err error) {
 			kind = typed.Error()
 			break
 		}
+	}
+	if kind == "other" {
+		fmt.Fprintf(os.Stderr, "soak child: %s: %v\n", op, err)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

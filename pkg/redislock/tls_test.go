@@ -34,8 +34,7 @@ func TestTLSWithACLUser(t *testing.T) {
 	}
 	defer c.Close()
 	m := newMutex(t, c, lockName(t), nil)
-	mustLock(t, ctx, m)
-	mustUnlock(t, ctx, m)
+	mustUnlock(t, ctx, mustLock(t, ctx, m))
 
 	for _, tc := range []struct {
 		name string

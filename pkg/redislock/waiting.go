@@ -417,7 +417,8 @@ func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex, takeHandove
 // takeHandover returns the hand-over w received, if any, as an acquisition.
 // A hand-over is taken as it stands only while the lease it granted has more
 // than two thirds left, counted from w's last attempt; an older one is taken
-// with an attempt instead, which renews the full lease.
+// with an attempt instead, which renews the full lease, as is every one when
+// Options.WaitReplicas is set.
 func (ws *waiting) takeHandover(w *waiter) (res acquireResult, ok, retry bool) {
 	ws.mu.Lock()
 	h, sent, last := w.handover, w.queuedSent, w.lastToken
@@ -426,10 +427,12 @@ func (ws *waiting) takeHandover(w *waiter) (res acquireResult, ok, retry bool) {
 	if h == nil || h.token <= last {
 		return acquireResult{}, false, false
 	}
-	if time.Since(sent) >= h.lease/3 {
+	if time.Since(sent) >= h.lease/3 || ws.c.opts.WaitReplicas > 0 {
+		// With WaitReplicas, the attempt is what waits for the replicas to
+		// have the hand-over.
 		return acquireResult{}, false, true
 	}
-	return acquireResult{acquired: true, token: h.token, sent: sent, handover: h.lease}, true, false
+	return acquireResult{acquired: true, token: h.token, sent: sent, handover: h.lease, granted: true}, true, false
 }
 
 // wait blocks until w's owner holds the lock, after a first attempt that
@@ -442,6 +445,8 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 	listening := w.listening
 	ws.mu.Unlock()
 
+	// giveUp leaves the queue, undoing a grant that came too late, so a
+	// Lock that fails, or a Client that closes, leaves nothing behind.
 	giveUp := func(err error) (acquireResult, error) {
 		leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
 		defer cancel()
@@ -454,22 +459,30 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 		if err != nil {
 			return giveUp(err)
 		}
+		// A confirmation that does not come (a dead connection, an ACL that
+		// denies the channel) is waited for no longer than a retry would
+		// be: the waiter then polls, as it does after a missed message.
+		unconfirmed := time.NewTimer(c.fallback(0))
+		defer unconfirmed.Stop()
+	confirming:
 		for _, ch := range confirmed {
 			select {
 			case <-ch:
+			case <-unconfirmed.C:
+				break confirming
 			case <-ctx.Done():
 				return giveUp(ctx.Err())
 			case <-bound:
 				return giveUp(ErrWaitTimeout)
 			case <-c.done:
-				return acquireResult{}, ErrClosed
+				return giveUp(ErrClosed)
 			}
 		}
 	}
 
-	// Every retry is sent as an owner already queued: if it finds the owner
-	// holding the lock, that is a hand-over whose notice was missed or came
-	// too late, and the retry takes it.
+	// Every retry is sent as an owner already queued: if it finds a grant to
+	// the owner, a hand-over whose notice was missed or came too late, the
+	// retry takes it.
 	res, retry := first, !listening
 	sleep := time.NewTimer(0)
 	defer sleep.Stop()
@@ -480,7 +493,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 		}
 		if retry || stale {
 			if err := c.checkOpen(); err != nil {
-				return acquireResult{}, err
+				return giveUp(err)
 			}
 			var err error
 			res, err = ws.attempt(ctx, w, m, true)
@@ -506,7 +519,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 		case <-bound:
 			return giveUp(ErrWaitTimeout)
 		case <-c.done:
-			return acquireResult{}, ErrClosed
+			return giveUp(ErrClosed)
 		}
 		if !sleep.Stop() {
 			select {

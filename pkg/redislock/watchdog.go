@@ -23,7 +23,7 @@ func (c *Client) renewLoop() {
 			c.renewAll()
 		case <-c.confirmNow:
 			c.mu.Lock()
-			var due []*Lease
+			var due []*ownership
 			for _, l := range c.confirms {
 				if c.held[l.key] == l {
 					due = append(due, l)
@@ -38,7 +38,7 @@ func (c *Client) renewLoop() {
 
 func (c *Client) renewAll() {
 	c.mu.Lock()
-	due := make([]*Lease, 0, len(c.held))
+	due := make([]*ownership, 0, len(c.held))
 	for _, l := range c.held {
 		if l.watchdog {
 			due = append(due, l)
@@ -48,7 +48,7 @@ func (c *Client) renewAll() {
 	c.renewLeases(due)
 }
 
-func (c *Client) renewLeases(due []*Lease) {
+func (c *Client) renewLeases(due []*ownership) {
 	for len(due) > 0 {
 		n := min(len(due), c.opts.RenewBatchSize)
 		c.renewBatch(due[:n])
@@ -64,7 +64,7 @@ func (c *Client) renewLeases(due []*Lease) {
 // renewBatch renews leases in one pipelined round trip, each to its full
 // lease. A lease whose owner no longer holds the lock is lost at once; one
 // whose renewal failed keeps its deadline, and is lost when that passes.
-func (c *Client) renewBatch(leases []*Lease) {
+func (c *Client) renewBatch(leases []*ownership) {
 	// Exclusive with Unlock: no renewal overlaps a release.
 	c.renewing.Lock()
 	defer c.renewing.Unlock()
@@ -78,21 +78,41 @@ func (c *Client) renewBatch(leases []*Lease) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.RenewInterval)
 	defer cancel()
-	send := func() (time.Time, []*redis.Cmd) {
-		sent := time.Now()
+	sent := make([]time.Time, len(leases))
+	cmds := make([]*redis.Cmd, len(leases))
+	// send renews the leases at the indexes given, by EVALSHA, or by EVAL,
+	// which also loads the script on the node that runs it.
+	send := func(indexes []int, eval bool) {
+		now := time.Now()
 		pipe := c.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(leases))
-		for i, l := range leases {
-			cmds[i] = renewScript.EvalSha(ctx, pipe, []string{l.key.name}, terms[i].Milliseconds(), string(l.key.owner))
+		for _, i := range indexes {
+			l := leases[i]
+			keys, args := []string{l.key.name}, []any{terms[i].Milliseconds(), string(l.key.owner)}
+			if eval {
+				cmds[i] = renewScript.Eval(ctx, pipe, keys, args...)
+			} else {
+				cmds[i] = renewScript.EvalSha(ctx, pipe, keys, args...)
+			}
+			sent[i] = now
 		}
 		_, _ = pipe.Exec(ctx) // errors are read per command below
-		return sent, cmds
 	}
-	sent, cmds := send()
-	if len(cmds) > 0 && isNoScript(cmds[0].Err()) {
-		if err := loadScript(ctx, c.rdb, renewScript); err == nil {
-			sent, cmds = send()
+	all := make([]int, len(leases))
+	for i := range all {
+		all[i] = i
+	}
+	send(all, false)
+	// Every node that restarted or failed over since the script was last
+	// run there lost its script cache: in a Cluster, that may be any shard,
+	// so each renewal it refused is sent again, not just the batch's first.
+	var missing []int
+	for i, cmd := range cmds {
+		if isNoScript(cmd.Err()) {
+			missing = append(missing, i)
 		}
+	}
+	if len(missing) > 0 {
+		send(missing, true)
 	}
 
 	for i, cmd := range cmds {
@@ -105,7 +125,7 @@ func (c *Client) renewBatch(leases []*Lease) {
 			c.retryConfirm(l)
 		case renewed == 1:
 			c.opts.Metrics.renewed()
-			c.extend(l, sent, terms[i])
+			c.extend(l, sent[i], terms[i])
 		default:
 			c.end(l, ErrNotOwner)
 		}
@@ -114,7 +134,7 @@ func (c *Client) renewBatch(leases []*Lease) {
 
 // extend moves l's local deadline to sent + lease - margin, unless a later
 // call already set it.
-func (c *Client) extend(l *Lease, sent time.Time, lease time.Duration) {
+func (c *Client) extend(l *ownership, sent time.Time, lease time.Duration) {
 	c.mu.Lock()
 	c.extendLocked(l, sent, lease)
 	c.mu.Unlock()
@@ -123,7 +143,7 @@ func (c *Client) extend(l *Lease, sent time.Time, lease time.Duration) {
 // extendLocked records that Redis granted l the lease no earlier than sent.
 // A lease shorter than l's own comes from a hand-over: it is extended a third
 // of the way in, as a watchdog renewal would be.
-func (c *Client) extendLocked(l *Lease, sent time.Time, lease time.Duration) {
+func (c *Client) extendLocked(l *ownership, sent time.Time, lease time.Duration) {
 	if !sent.After(l.deadlineSet) {
 		return
 	}
@@ -138,7 +158,7 @@ func (c *Client) extendLocked(l *Lease, sent time.Time, lease time.Duration) {
 
 // armLocked sets l's timer for its next check: the extension of a short
 // lease, or else the deadline.
-func (c *Client) armLocked(l *Lease) {
+func (c *Client) armLocked(l *ownership) {
 	next := l.deadline
 	if !l.confirmBy.IsZero() && !l.confirming && l.confirmBy.Before(next) {
 		next = l.confirmBy
@@ -148,7 +168,7 @@ func (c *Client) armLocked(l *Lease) {
 
 // retryConfirm lets a short lease whose extension failed be tried again,
 // halfway to its deadline.
-func (c *Client) retryConfirm(l *Lease) {
+func (c *Client) retryConfirm(l *ownership) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.held[l.key] != l || !l.confirming {
@@ -163,7 +183,7 @@ func (c *Client) retryConfirm(l *Lease) {
 // to the renewal loop, and loses l once its deadline passed. The timer may be
 // stale, since resetting an AfterFunc timer races with its firing, so it
 // re-arms if neither is due yet.
-func (c *Client) checkDeadline(l *Lease) {
+func (c *Client) checkDeadline(l *ownership) {
 	c.mu.Lock()
 	if c.held[l.key] != l {
 		c.mu.Unlock()

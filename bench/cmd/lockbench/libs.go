@@ -48,7 +48,10 @@ var libraries = []library{
 
 // lockwarden
 
-type oursLocker struct{ m *lw.Mutex }
+type oursLocker struct {
+	m    *lw.Mutex
+	hold *lw.Hold // the Lock's hold, which unlock undoes
+}
 
 func newOurs(rdb *redis.Client) (func(string) (locker, error), func(), error) {
 	c, err := lw.New(rdb, lw.Options{})
@@ -65,11 +68,22 @@ func newOurs(rdb *redis.Client) (func(string) (locker, error), func(), error) {
 }
 
 func (l *oursLocker) lock(ctx context.Context) (int, error) {
-	_, err := l.m.Lock(ctx)
-	return 0, err
+	hold, err := l.m.Lock(ctx)
+	if err != nil {
+		return 0, err
+	}
+	l.hold = hold
+	return 0, nil
 }
 
-func (l *oursLocker) unlock(ctx context.Context) error { return l.m.Unlock(ctx) }
+func (l *oursLocker) unlock(ctx context.Context) error {
+	if l.hold == nil {
+		return fmt.Errorf("lockwarden: %s not held", l.m.Name())
+	}
+	err := l.hold.Unlock(ctx)
+	l.hold = nil
+	return err
+}
 
 // redsync
 

@@ -32,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	lw "github.com/lockwarden/lockwarden/pkg/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -139,6 +140,8 @@ func (cfg config) validate() error {
 		return errors.New("-rounds must be at least 1 and -contended above 0")
 	case cfg.locks < 10:
 		return errors.New("-locks must be at least 10")
+	case !validLease(cfg.lease) || !validLease(cfg.scaleLease):
+		return fmt.Errorf("-lease and -scale-lease must be whole numbers of milliseconds, at least %v", lw.MinLease)
 	case cfg.interval <= 0 || cfg.interval >= cfg.lease:
 		return errors.New("-interval must be above 0 and below -lease")
 	case pauseMode != "nanosleep" && pauseMode != "go" && pauseMode != "spin":
@@ -153,6 +156,11 @@ func (cfg config) validate() error {
 		return errors.New("-scale needs one or more sizes of at least 1")
 	}
 	return nil
+}
+
+// validLease reports whether lockwarden accepts lease as a WatchdogLease.
+func validLease(lease time.Duration) bool {
+	return lease >= lw.MinLease && lease%time.Millisecond == 0
 }
 
 func main() {

@@ -149,18 +149,18 @@ func runManyOurs(ctx context.Context, cfg config, addr string, admin *redis.Clie
 	res.gAfterNew = settledGoroutines()
 
 	mutexes := make([]*lw.Mutex, cfg.locks)
-	leases := make([]*lw.Lease, cfg.locks)
+	holds := make([]*lw.Hold, cfg.locks)
 	for i := range mutexes {
 		if mutexes[i], err = c.NewMutex(fmt.Sprintf("lockbench:many:%d", i), nil); err != nil {
 			return err
 		}
 	}
 	acquire := func(i int) error {
-		l, err := mutexes[i].TryLock(ctx, 0)
+		h, err := mutexes[i].TryLock(ctx, 0)
 		if err != nil {
 			return fmt.Errorf("TryLock %s: %w", mutexes[i].Name(), err)
 		}
-		leases[i] = l
+		holds[i] = h
 		return nil
 	}
 	const workers = 8
@@ -206,8 +206,8 @@ func runManyOurs(ctx context.Context, cfg config, addr string, admin *redis.Clie
 	res.serverEvals = s1.sub(s0).evals()
 	res.sweeps = groupSweeps(events, cfg.interval/4)
 
-	for _, l := range leases {
-		if l.Err() != nil {
+	for _, h := range holds {
+		if h.Err() != nil {
 			res.leasesLost++
 		}
 	}
@@ -219,7 +219,7 @@ func runManyOurs(ctx context.Context, cfg config, addr string, admin *redis.Clie
 	}
 
 	uctx := context.WithoutCancel(ctx)
-	if err := parallel(cfg.locks, workers, func(i int) error { return mutexes[i].Unlock(uctx) }); err != nil {
+	if err := parallel(cfg.locks, workers, func(i int) error { return holds[i].Unlock(uctx) }); err != nil {
 		return fmt.Errorf("Unlock: %w", err)
 	}
 	closed = true

@@ -77,7 +77,7 @@ func runScale(ctx context.Context, cfg config, addr string, admin *redis.Client,
 	res.heapBefore = liveHeap()
 
 	mutexes := make([]*lw.Mutex, n)
-	leases := make([]*lw.Lease, n)
+	holds := make([]*lw.Hold, n)
 	for i := range mutexes {
 		if mutexes[i], err = c.NewMutex(fmt.Sprintf("lockbench:scale:%d", i), nil); err != nil {
 			return nil, err
@@ -85,11 +85,11 @@ func runScale(ctx context.Context, cfg config, addr string, admin *redis.Client,
 	}
 	start := time.Now()
 	if err := parallel(n, workers, func(i int) error {
-		l, err := mutexes[i].TryLock(ctx, 0)
+		h, err := mutexes[i].TryLock(ctx, 0)
 		if err != nil {
 			return fmt.Errorf("TryLock %s: %w", mutexes[i].Name(), err)
 		}
-		leases[i] = l
+		holds[i] = h
 		return nil
 	}); err != nil {
 		return nil, err
@@ -160,8 +160,8 @@ func runScale(ctx context.Context, cfg config, addr string, admin *redis.Client,
 	// The window ended a tenth of an interval before the next sweep: measure
 	// the heap first, before that sweep's garbage appears.
 	res.heapHeld = liveHeap()
-	for _, l := range leases {
-		if l.Err() != nil {
+	for _, h := range holds {
+		if h.Err() != nil {
 			res.leasesLost++
 		}
 	}
@@ -173,10 +173,10 @@ func runScale(ctx context.Context, cfg config, addr string, admin *redis.Client,
 
 	uctx := context.WithoutCancel(ctx)
 	if err := parallel(n, workers, func(i int) error {
-		if leases[i].Err() != nil {
+		if holds[i].Err() != nil {
 			return nil // lost, so not ours to release; the table reports it
 		}
-		return mutexes[i].Unlock(uctx)
+		return holds[i].Unlock(uctx)
 	}); err != nil {
 		return nil, fmt.Errorf("Unlock: %w", err)
 	}

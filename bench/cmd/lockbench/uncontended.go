@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -213,13 +215,27 @@ var shapes = map[string]func(ctx context.Context, rdb *redis.Client) error{
 	"lockwarden": func(ctx context.Context, rdb *redis.Client) error {
 		const name = "lockbench:shape:lockwarden"
 		const tag = "{" + name + "}"
-		keys := []string{name, "redisson_lock__channel:" + tag, "redisson_lock_token:" + tag,
-			"lockwarden_lock_queue:" + tag, "lockwarden_lock_queue_entry:" + tag}
-		const owner, prefix = "6f1ed002-ab5d-4b2f-9c3a-1c8a2e3d4f5a:1", "lockwarden_lock__notice:"
-		if err := emptyScript.Run(ctx, rdb, keys, 30000, owner, 5000, prefix, false).Err(); err != nil {
+		// KEYS: the lock's five keys, then the request's latch, under a new
+		// request ID for each call (see pkg/redislock/scripts/lib.lua).
+		keys := func() []string {
+			return []string{name, "redisson_lock__channel:" + tag, "redisson_lock_token:" + tag,
+				"lockwarden_lock_queue:" + tag, "lockwarden_lock_queue_entry:" + tag,
+				"lockwarden_lock_request:" + tag + ":" + newRequestID()}
+		}
+		const clientID = "6f1ed002-ab5d-4b2f-9c3a-1c8a2e3d4f5a"
+		const owner, prefix = clientID + ":1", "lockwarden_lock__notice:"
+		// Default Options: watchdog lease 30s, queue TTL 5s; the latch TTL
+		// lockwarden derives from go-redis's default options (4 tries of 5s
+		// read + 5s write + 1s backoff) plus the queue TTL.
+		const lease, queueTTL, latchTTL = 30000, 5000, 49000
+		// acquire.lua: lease, owner, queue TTL, notice prefix, queued, latch
+		// TTL, client ID.
+		if err := emptyScript.Run(ctx, rdb, keys(), lease, owner, queueTTL, prefix, false, latchTTL, clientID).Err(); err != nil {
 			return err
 		}
-		return emptyScript.Run(ctx, rdb, keys, owner, 30000, true, prefix, 5000).Err()
+		// release.lua: owner, lease, notice prefix, hand-over lease (the
+		// queue TTL), latch TTL, granted.
+		return emptyScript.Run(ctx, rdb, keys(), owner, lease, prefix, queueTTL, latchTTL, false).Err()
 	},
 	"redsync":       setThenScript("lockbench:shape:redsync"),
 	"bsm/redislock": setThenScript("lockbench:shape:bsm"),
@@ -235,4 +251,12 @@ func setThenScript(key string) func(ctx context.Context, rdb *redis.Client) erro
 		}
 		return emptyScript.Run(ctx, rdb, []string{key}, value).Err()
 	}
+}
+
+// newRequestID returns a random request ID, as lockwarden makes one for each
+// acquire and release.
+func newRequestID() string {
+	var b [12]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

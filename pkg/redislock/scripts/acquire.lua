@@ -1,42 +1,58 @@
 -- acquire: take or re-enter the lock for one owner, or queue it. KEYS: see
--- lib.lua.
+-- lib.lua, with the request's latch as KEYS[6].
 --
 -- ARGV[1] lease in ms
 -- ARGV[2] owner ID
 -- ARGV[3] queue TTL in ms; 0 means do not queue (TryLock without waiting)
 -- ARGV[4] notice channel prefix
--- ARGV[5] '1' when the owner is a waiter already queued: if it holds the
---         lock, the lock was handed to it while it waited, and this call
---         takes the hand-over instead of re-entering
+-- ARGV[5] '1' when the owner is a waiter already queued: a grant to it (see
+--         lib.lua) is taken instead of counting a new level
+-- ARGV[6] how long the request's latch is kept, in ms
+-- ARGV[7] the client ID whose notice channel reaches the owner
 --
 -- Returns {1, token, count} when the owner holds the lock (count is its
 -- reentry count), or {0, pttl, isHead, token} when it does not. pttl is the
 -- lock's remaining lease in ms, 0 when the lock is free but reserved for the
 -- waiter at the head of the queue, -1 when the lock has no expiry; token is the
 -- latest token taken, so the waiter can tell a hand-over to it now (a higher
--- token) from the notice of an earlier one that arrives late.
-local lease, owner, queueTTL = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+-- token) from the notice of an earlier one that arrives late. A re-entry
+-- answers token 0 if the counter expired (see token_retention): the holder
+-- keeps the token it has. Only a taken lock is latched: queueing again is
+-- harmless.
+local lease, owner, queueTTL, latchTTL = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[6])
+
+local function took(token, count)
+  latch(string.format('%d %d', token, count), latchTTL)
+  return {1, token, count}
+end
 
 local present = redis.call('exists', KEYS[1], KEYS[4])
 if present == 0 then
   -- The uncontended case: a free lock and nobody queued.
   redis.call('hset', KEYS[1], owner, 1)
   redis.call('pexpire', KEYS[1], lease)
-  return {1, next_token(), 1}
+  return took(next_token(), 1)
 end
 
 if redis.call('hexists', KEYS[1], owner) == 1 then
-  -- Re-entry, or a hand-over taken. Either keeps the token of the current
-  -- ownership: nobody else can have taken a token since, because nobody else
-  -- held the lock.
+  local done = latched()
+  if done then
+    -- This request ran before and its reply was lost.
+    local token, count = string.match(done, '^(%d+) (%d+)$')
+    return {1, tonumber(token), tonumber(count)}
+  end
   local count
-  if ARGV[5] == '1' then
+  if ARGV[5] == '1' and granted(owner) then
+    -- The waiter takes the lock given to it: the level the grant made.
+    redis.call('hdel', KEYS[5], owner)
     count = tonumber(redis.call('hget', KEYS[1], owner))
   else
+    -- Re-entry. It keeps the token of the current ownership: nobody else can
+    -- have taken a token since, because nobody else held the lock.
     count = redis.call('hincrby', KEYS[1], owner, 1)
   end
   redis.call('pexpire', KEYS[1], lease)
-  return {1, tonumber(redis.call('get', KEYS[3]) or 0), count}
+  return took(current_token(), count)
 end
 
 -- Held by another owner, or free with a queue: PTTL tells which (-2, no
@@ -51,21 +67,22 @@ if pttl == -2 then
     redis.call('pexpire', KEYS[1], lease)
     local token = next_token()
     if head then
-      dequeue(owner)
-      local next = live_head()
+      redis.call('zrem', KEYS[4], owner)
+      grant(owner, token)
+      local next, _, client = live_head()
       if next then
-        notify(ARGV[4], next, '0')
+        notify(ARGV[4], client, next, '0')
       end
     end
-    return {1, token, 1}
+    return took(token, 1)
   end
 end
 
 if queueTTL > 0 then
-  enqueue(owner, lease, queueTTL)
+  enqueue(owner, lease, queueTTL, ARGV[7])
 end
 local isHead = 0
 if redis.call('zrange', KEYS[4], 0, 0)[1] == owner then
   isHead = 1
 end
-return {0, pttl, isHead, tonumber(redis.call('get', KEYS[3]) or 0)}
+return {0, pttl, isHead, current_token()}

@@ -8,13 +8,14 @@
 --
 -- Returns the number of holders removed. When that empties the lock, it is
 -- handed to the next waiter, or deleted and the release message "0"
--- published.
+-- published. A second run removes nothing more.
 local prefix = ARGV[1]
 local function owned(id)
   return string.sub(id, 1, #prefix) == prefix
 end
 
-for _, id in ipairs(redis.call('zrange', KEYS[4], 0, -1)) do
+-- Queue entries and grants alike: every field of the entries hash is an owner.
+for _, id in ipairs(redis.call('hkeys', KEYS[5])) do
   if owned(id) then
     dequeue(id)
   end

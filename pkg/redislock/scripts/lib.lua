@@ -1,19 +1,32 @@
--- Shared helpers, prepended to the scripts that take tokens or use the wait
--- queue. Every such script gets the same KEYS:
+-- Shared helpers, prepended to every script but renew.lua. Every such script
+-- gets the same KEYS:
 --
 -- KEYS[1] lock hash            <name>
 -- KEYS[2] release channel      redisson_lock__channel:{<name>}
 -- KEYS[3] fencing counter      redisson_lock_token:{<name>}
 -- KEYS[4] wait queue           lockwarden_lock_queue:{<name>}
 -- KEYS[5] wait queue entries   lockwarden_lock_queue_entry:{<name>}
+-- KEYS[6] request latch        lockwarden_lock_request:{<name>}:<request ID>
+--         (acquire and release only)
 --
 -- The queue is lockwarden's own addition to Redisson's layout: a sorted set of
--- waiting owner IDs scored by arrival time (KEYS[4]), and a hash from each to
--- "<expiry ms> <lease ms>" (KEYS[5]): when its entry lapses, and the lease it
--- asked for. A waiter that stops refreshing its entry (a crashed process) is
--- pruned once its entry lapses. Redisson clients ignore the queue: they take
--- the lock when it is free, which it never is while a live waiter is queued,
--- because a release hands the lock straight to the head of the queue.
+-- waiting owner IDs scored by arrival time (KEYS[4]), and a hash (KEYS[5])
+-- from each to "<expiry ms> <lease ms> <client ID>": when its entry lapses,
+-- the lease it asked for, and the client whose notice channel reaches it. A
+-- waiter that stops refreshing its entry (a crashed process) is pruned once
+-- its entry lapses. Both keys expire when no waiter has refreshed them for two
+-- queue TTLs, so an abandoned queue costs no memory for long.
+--
+-- When a queued waiter is given the lock (a hand-over, or its own attempt),
+-- its entry becomes a grant, "g <token>", until the waiter takes it. The grant
+-- is what lets a retry take the lock without counting a second level, and a
+-- waiter that gave up undo exactly that level: nothing else is guessed from
+-- the lock's state.
+--
+-- The request latch makes acquire and release safe to run twice: go-redis
+-- resends a command whose reply was lost, and so does the client (see
+-- request.go). The first run stores its result under the request's own key;
+-- a second run finds it there and answers the same, changing nothing.
 
 -- server_us is the server clock in microseconds, read once per script run.
 local server_clock
@@ -29,22 +42,44 @@ local function now_ms()
   return math.floor(server_us() / 1000)
 end
 
+-- How long a fencing counter outlives its last token, in ms. Tokens follow
+-- the server clock (see next_token), so a counter that expired while its lock
+-- was idle loses nothing: the next token is the clock, above every earlier
+-- one.
+local token_retention = 86400000
+
 -- next_token takes the fencing token of a new ownership: one more than the
 -- last, or the server clock in microseconds if that is higher. No lock is
 -- taken a million times a second, so tokens follow the clock, and when Redis
 -- loses the counter or its last increments (a restart without persistence, a
--- crash with appendfsync everysec, a failover to a lagging replica) the next
--- token still rises above every token handed out before.
+-- crash with appendfsync everysec, a failover to a lagging replica, or the
+-- counter's own expiry) the next token still rises above every token handed
+-- out before.
 local function next_token()
   local clock = server_us()
   -- %d: Lua would print a number this large in exponent form, which INCR
   -- (a Redisson client's way to take a token) could not read back.
-  local last = tonumber(redis.call('set', KEYS[3], string.format('%d', clock), 'get') or 0)
+  local last = tonumber(redis.call('set', KEYS[3], string.format('%d', clock), 'get', 'px', token_retention) or 0)
   if last < clock then
     return clock
   end
-  redis.call('set', KEYS[3], string.format('%d', last + 1))
+  redis.call('set', KEYS[3], string.format('%d', last + 1), 'px', token_retention)
   return last + 1
+end
+
+-- current_token is the latest token taken, 0 if the counter is gone.
+local function current_token()
+  return tonumber(redis.call('get', KEYS[3]) or 0)
+end
+
+-- latched returns what the first run of this request stored, if it ran.
+local function latched()
+  return redis.call('get', KEYS[6])
+end
+
+-- latch stores this request's result for its retries, for ttl ms.
+local function latch(result, ttl)
+  redis.call('set', KEYS[6], result, 'px', ttl)
 end
 
 local function dequeue(owner)
@@ -52,86 +87,113 @@ local function dequeue(owner)
   redis.call('hdel', KEYS[5], owner)
 end
 
--- live_lease returns the lease a queue entry asked for, or nil once the
--- entry lapsed (its waiter stopped refreshing it) or if there is none.
-local function live_lease(entry)
-  local expiry, lease = string.match(entry or '', '^(%d+) (%d+)$')
+-- parse_entry returns a live queue entry's lease and client ID, or nil once
+-- the entry lapsed (its waiter stopped refreshing it), is a grant, or there is
+-- none. Entries written before the client ID was stored name no client.
+local function parse_entry(entry)
+  local expiry, lease, client = string.match(entry or '', '^(%d+) (%d+) ?(%S*)$')
   if expiry and tonumber(expiry) > now_ms() then
-    return tonumber(lease)
+    return tonumber(lease), client
   end
 end
 
 -- live_head drops lapsed entries from the front of the queue and returns the
--- live head and the lease it asked for, or false when nobody waits.
+-- live head, the lease it asked for and its client ID, or false when nobody
+-- waits.
 local function live_head()
   while true do
     local head = redis.call('zrange', KEYS[4], 0, 0)[1]
     if not head then
       return false
     end
-    local lease = live_lease(redis.call('hget', KEYS[5], head))
+    local lease, client = parse_entry(redis.call('hget', KEYS[5], head))
     if lease then
-      return head, lease
+      return head, lease, client
     end
     dequeue(head)
   end
 end
 
 -- pop_live_head is live_head, but also takes the head it returns off the
--- queue: one ZPOPMIN instead of a ZRANGE and a ZREM.
+-- queue: one ZPOPMIN instead of a ZRANGE and a ZREM. The head's entry is left
+-- for the caller to turn into a grant.
 local function pop_live_head()
   while true do
     local head = redis.call('zpopmin', KEYS[4])[1]
     if not head then
       return false
     end
-    local lease = live_lease(redis.call('hget', KEYS[5], head))
-    redis.call('hdel', KEYS[5], head)
+    local lease, client = parse_entry(redis.call('hget', KEYS[5], head))
     if lease then
-      return head, lease
+      return head, lease, client
     end
+    redis.call('hdel', KEYS[5], head)
   end
 end
 
 -- enqueue adds the owner at the tail of the queue, or refreshes its entry if
--- it is queued.
-local function enqueue(owner, lease, ttl)
+-- it is queued, and keeps both queue keys alive for two queue TTLs.
+local function enqueue(owner, lease, ttl, client)
   redis.call('zadd', KEYS[4], 'nx', server_us(), owner)
-  redis.call('hset', KEYS[5], owner, string.format('%d %d', now_ms() + ttl, lease))
+  redis.call('hset', KEYS[5], owner, string.format('%d %d %s', now_ms() + ttl, lease, client))
+  redis.call('pexpire', KEYS[4], 2 * ttl)
+  redis.call('pexpire', KEYS[5], 2 * ttl)
 end
 
--- notify sends a waiter a notice on its client's notice channel, derived from
--- the owner ID "<clientID>:<n>": "<kind> <owner> <name>[ <more>]", where the
--- name is the lock's, KEYS[1]. Kinds: '1', the waiter heads the queue of a
--- free lock and should try at once; '0', it heads the queue of a held lock
--- and should try on the release message; 'g', the lock was handed to it, with
--- the token and lease (ms) that follow.
-local function notify(prefix, owner, kind, more)
-  local clientID = string.match(owner, '^(.*):[^:]*$')
-  if clientID then
+-- grant records that the lock was given to a queued waiter with token.
+local function grant(owner, token)
+  redis.call('hset', KEYS[5], owner, 'g ' .. string.format('%d', token))
+end
+
+-- granted reports whether the owner holds a grant it has not taken yet.
+local function granted(owner)
+  return string.sub(redis.call('hget', KEYS[5], owner) or '', 1, 2) == 'g '
+end
+
+-- publish sends a message, but a failure (an ACL that denies the channel)
+-- does not abort the script: every write before it stays consistent, and
+-- the waiter it was for finds out on its next retry.
+local function publish(channel, message)
+  redis.pcall('publish', channel, message)
+end
+
+-- notify sends a waiter a notice on its client's notice channel: "<kind>
+-- <owner> <name>[ <more>]", where the name is the lock's, KEYS[1]. Kinds: '1',
+-- the waiter heads the queue of a free lock and should try at once; '0', it
+-- heads the queue of a held lock and should try on the release message; 'g',
+-- the lock was handed to it, with the token and lease (ms) that follow. The
+-- client ID comes from the waiter's queue entry, or else from the owner ID
+-- "<client ID>:<n>".
+local function notify(prefix, client, owner, kind, more)
+  if not client or client == '' then
+    client = string.match(owner, '^(.*):[^:]*$')
+  end
+  if client then
     local msg = kind .. ' ' .. owner .. ' ' .. KEYS[1]
     if more then
       msg = msg .. ' ' .. more
     end
-    redis.call('publish', prefix .. clientID, msg)
+    publish(prefix .. client, msg)
   end
 end
 
 -- free_lock runs once the lock's hash is gone: its last holder released it
 -- and the caller deleted what was left. It hands the lock to the live head of
--- the queue, if there is one: the head holds it at once, with a new token, and
--- is told so. Its lease is what it asked for, but at most claimTTL, so a
--- waiter that died while queued holds up the lock for no longer than that; a
--- live one extends its lease once it has the notice. With nobody queued, the
--- release message is published.
+-- the queue, if there is one: the head holds it at once, with a new token and
+-- a grant, and is told so. Its lease is what it asked for, but at most
+-- claimTTL, so a waiter that died while queued holds up the lock for no longer
+-- than that; a live one extends its lease once it has the notice. With nobody
+-- queued, the release message is published.
 local function free_lock(prefix, claimTTL)
-  local head, lease = pop_live_head()
+  local head, lease, client = pop_live_head()
   if not head then
-    redis.call('publish', KEYS[2], '0')
+    publish(KEYS[2], '0')
     return
   end
   lease = math.min(lease, claimTTL)
   redis.call('hset', KEYS[1], head, 1)
   redis.call('pexpire', KEYS[1], lease)
-  notify(prefix, head, 'g', string.format('%d %d', next_token(), lease))
+  local token = next_token()
+  grant(head, token)
+  notify(prefix, client, head, 'g', string.format('%d %d', token, lease))
 end
