@@ -18,7 +18,7 @@ import (
 // plus redisson_lock_*:* and lockwarden_lock_*:*.
 const MinimalACL = "+@connection +evalsha +eval +script|load +publish +subscribe +unsubscribe +ping +wait " +
 	"+time +exists +get +set +del +pexpire +pttl +hset +hget +hexists +hincrby +hdel +hkeys +hgetall " +
-	"+zadd +zrem +zrange +zpopmin +zscore " +
+	"+zadd +zrem +zrange +zpopmin +zscore +zcard +pubsub|numsub +hincrby " +
 	"~* &redisson_lock__channel:* &lockwarden_lock__notice:*"
 
 // checkPermissions makes sure the Redis user may publish on the channels

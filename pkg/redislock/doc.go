@@ -8,20 +8,37 @@
 //	defer client.Close()
 //
 //	mu, err := client.NewMutex("orders", nil)
-//	lease, err := mu.Lock(ctx) // blocks until held, or ctx ends
-//	defer mu.Unlock(ctx)
+//	hold, err := mu.Lock(ctx) // blocks until held, or ctx ends
+//	defer hold.Unlock(ctx)
 //
-//	// Work only while the lease is held; pass the fencing token along.
-//	err = store.Write(lease.Context(), lease.Token(), data)
+//	// Work only while the hold lasts; pass the fencing token along.
+//	err = store.Write(hold.Context(), hold.Token(), data)
 //
-// # Owners and reentrancy
+// # Owners, exclusion and reentrancy
 //
 // A lock is held by an owner, an ID of the form "<client ID>:<n>", never by a
-// goroutine. Each Mutex is its own owner unless MutexOptions.Owner names one,
-// and a context can carry an owner (WithOwner) that takes precedence, so code
-// that passes the context along re-enters locks its caller holds. Each Lock
-// by the holding owner increments a reentry count; each Unlock decrements it,
-// and the last one frees the lock.
+// goroutine. Every Lock acts for a new owner, so goroutines that share a Mutex
+// exclude each other, as with sync.Mutex. Lock returns a Hold, the handle
+// whose Unlock undoes that Lock and nothing else; unlocking it twice returns
+// ErrNotHeld. Re-entry is explicit: a Lock whose context carries the owner of
+// a hold (WithOwner(ctx, hold.Owner())) re-enters it at once, with the same
+// fencing token, and returns a Hold of its own. Redis counts the levels; the
+// last Unlock frees the lock. MutexOptions.Owner fixes the owner of every
+// Lock of a Mutex, for a controller that holds locks on behalf of others.
+//
+// # Safe to send twice
+//
+// A reply can be lost after Redis ran the command: a timeout, a reset
+// connection, a context cancelled in flight. go-redis then sends the command
+// again, and so does this package, since only Redis knows what happened.
+// Every script that changes a lock is safe to run twice: Lock and Unlock
+// carry a request ID, and the first run's result is kept under
+// lockwarden_lock_request:{<name>}:<request ID> for the retries to find (the
+// idea of Redisson's unlock latch). A Lock whose outcome stays unknown leaves
+// nothing that anyone renews, so whatever it took runs out with its lease. An
+// Unlock that failed can be called again on the same Hold: it resends the same
+// request. A failed last Unlock still ends the hold: renewal stops, and the
+// lock runs out with its lease.
 //
 // # Leases and the watchdog
 //
@@ -29,11 +46,12 @@
 // it, the lock gets Options.WatchdogLease (30s) and the client's one renewal
 // loop renews it every RenewInterval (lease/3), in pipelined batches for all
 // locks the client holds, until Unlock. Renewal is registered before Lock
-// returns and ends before Unlock returns.
+// returns and ends before Unlock returns. Leases are whole milliseconds, at
+// least MinLease.
 //
 // # The lost-lease signal
 //
-// Every Lease has a Context (and Done channel) that is cancelled when the
+// Every Hold has a Context (and Done channel) that is cancelled when the
 // ownership ends or can no longer be vouched for: a renewal found the lock
 // taken from the owner (ErrNotOwner), or the local deadline passed
 // (ErrLeaseLost). The deadline is the send time of the last successful
@@ -52,7 +70,7 @@
 // the server clock in microseconds if that is higher, so tokens keep rising
 // even when Redis loses the counter or its last increments: a restart without
 // persistence, a crash with appendfsync everysec, a failover to a lagging
-// replica.
+// replica, or the counter's own expiry a day after its last token.
 //
 // # Waiting
 //
@@ -65,31 +83,43 @@
 // in, so a waiter that died while queued holds up the lock for at most about
 // twice QueueTTL. Each client has one pub/sub connection for all its waiters.
 //
-// A lock freed without a hand-over (a Redisson client's release, an expired
-// lease) publishes "0" on redisson_lock__channel:{<name>}, and the head of
-// the queue retries. If a message is missed, a waiter retries after at most
-// min(the lock's remaining lease, Options.RetryFallback ±20%). Redisson
-// clients do not queue: they take the lock when it is free, so they get it
-// once no lockwarden waiter is queued.
+// An Unlock that frees the lock with nobody queued publishes "0" on
+// redisson_lock__channel:{<name>}, as Redisson's does. A lock can also come
+// free with nobody told: its lease ran out (Redis publishes nothing then), or
+// a Redisson client released it while lockwarden waiters queued. So the
+// head of the queue never sleeps longer than min(the lock's remaining lease,
+// Options.RetryFallback ±20%) before it tries again, and every waiting path
+// has such a bound, the wait for its subscription included. Redisson clients
+// do not queue: they take the lock whenever they find it free.
 //
 // # Redis layout
 //
-//	<name>                               hash: owner ID -> reentry count; PEXPIRE is the lease
-//	redisson_lock__channel:{<name>}      channel: "0" when the lock is freed
-//	redisson_lock_token:{<name>}         counter: fencing tokens, no expiry
-//	lockwarden_lock_queue:{<name>}       sorted set: waiting owners, by arrival
-//	lockwarden_lock_queue_entry:{<name>} hash: owner ID -> "<lapses at, ms> <lease, ms>"
-//	lockwarden_lock__notice:<client ID>  channel: hand-overs and "you are next" notices for a client's waiters
+//	<name>                                   hash: owner ID -> reentry count; PEXPIRE is the lease
+//	redisson_lock__channel:{<name>}          channel: "0" when the lock is freed
+//	redisson_lock_token:{<name>}             counter: fencing tokens; expires a day after the last
+//	lockwarden_lock_queue:{<name>}           sorted set: waiting owners, by arrival
+//	lockwarden_lock_queue_entry:{<name>}     hash: owner ID -> "<lapses at, ms> <lease, ms> <client ID>", or a grant "g <token>"
+//	lockwarden_lock_request:{<name>}:<id>    string: a request's result, for its retries; expires
+//	lockwarden_lock__notice:<client ID>      channel: hand-overs and "you are next" notices for a client's waiters
 //
-// All keys of a lock share the hash slot of <name>, so every script call stays
-// within one Redis Cluster slot; names may not contain braces. Standalone,
-// Sentinel (redis.NewFailoverClient) and Cluster clients all work. Set
-// Options.WaitReplicas to have Lock wait for replicas to acknowledge.
+// All keys of a lock share a hash tag, so every script call stays within one
+// Redis Cluster slot. As with Redisson's prefixName, the tag is {<name>}, or,
+// for a name that has a tag of its own ("{tenant}:orders"), the name as it
+// is. The queue keys expire two QueueTTLs after the last waiter refreshed
+// them. Standalone, Sentinel (redis.NewFailoverClient) and Cluster clients
+// all work. Set Options.WaitReplicas to have Lock wait for replicas to
+// acknowledge, hand-overs included.
+//
+// # Permissions
+//
+// A Redis ACL user needs MinimalACL. New checks that the user may publish on
+// the channels the scripts use, and refuses one that may not.
 //
 // # Errors
 //
 // Calls return ErrNotHeld, ErrNotOwner, ErrWaitTimeout, ErrUnavailable
-// (wrapping the Redis error), ErrInvalidName, ErrInvalidOwner or ErrClosed;
-// test them with errors.Is. None panics, and a failed call leaves the lock as
-// it was.
+// (wrapping the Redis error), ErrInvalidName, ErrInvalidOwner or ErrClosed,
+// or the caller's own context error; test them with errors.Is. None panics,
+// and a failed call leaves the lock as it was, or as the request's one run in
+// Redis left it.
 package redislock

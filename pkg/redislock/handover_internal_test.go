@@ -25,13 +25,13 @@ func TestLeaveUndoesALateHandOver(t *testing.T) {
 	lease, _ := m.leaseTerms()
 	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
 	for i, owner := range []Owner{holder, gaveUp, next} {
-		res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false)
+		res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, false)
 		if err != nil || res.acquired != (i == 0) {
 			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
 		}
 	}
 
-	if n, err := c.release(ctx, &m.keys, holder, lease, newRequestID(), false); err != nil || n != 0 {
+	if n, err := c.release(ctx, &m.keys, holder, 0, lease, newRequestID(), false); err != nil || n != 0 {
 		t.Fatalf("release = %d, %v; want 0", n, err)
 	}
 	info, err := c.Inspect(ctx, m.Name())
@@ -61,7 +61,7 @@ func TestLeaveKeepsAHoldThatWasNotGranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := c.NewOwner()
-	if res, err := c.tryAcquire(ctx, m, owner, 0, false); err != nil || !res.acquired {
+	if res, err := c.tryAcquire(ctx, m, owner, 0, false, false); err != nil || !res.acquired {
 		t.Fatalf("acquire: acquired %v, %v", res.acquired, err)
 	}
 	c.leaveQueue(ctx, m, owner)
@@ -87,11 +87,11 @@ func TestLeaveTwiceUndoesOneGrant(t *testing.T) {
 	lease, _ := m.leaseTerms()
 	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
 	for i, owner := range []Owner{holder, gaveUp, next} {
-		if res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false); err != nil || res.acquired != (i == 0) {
+		if res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, false); err != nil || res.acquired != (i == 0) {
 			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
 		}
 	}
-	if n, err := c.release(ctx, &m.keys, holder, lease, newRequestID(), false); err != nil || n != 0 {
+	if n, err := c.release(ctx, &m.keys, holder, 0, lease, newRequestID(), false); err != nil || n != 0 {
 		t.Fatalf("release = %d, %v; want 0", n, err)
 	}
 	c.leaveQueue(ctx, m, gaveUp)

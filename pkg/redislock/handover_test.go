@@ -146,8 +146,9 @@ func testHandOverToDeadWaiter(t *testing.T, b backend) {
 	// this one cannot reach Redis, so its entry stays behind, as a crash
 	// would leave it.
 	deadRedis := b.newRedis(t)
-	crash := &crasher{}
+	crash, evals := &crasher{}, &evalCounter{}
 	deadRedis.AddHook(crash)
+	deadRedis.AddHook(evals)
 	deadClient, err := redislock.New(deadRedis, redislock.Options{QueueTTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +160,8 @@ func testHandOverToDeadWaiter(t *testing.T, b backend) {
 		_, err := dead.Lock(ctx)
 		deadDone <- err
 	}()
-	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the dead waiter to queue")
+	// It queues, subscribes and tries once more: then it sleeps, waiting.
+	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 2 }, "the dead waiter to queue and listen")
 	deadOwner := inspect(t, holderClient, name).Waiters[0]
 	crash.crash()
 	_ = deadClient.Close()

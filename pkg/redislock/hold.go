@@ -54,8 +54,9 @@ func (h *Hold) Err() error { return h.own.err() }
 // before returning.
 //
 // It returns ErrNotHeld if nobody holds the lock (its lease ran out) or if
-// this Hold was already unlocked, and ErrNotOwner if another owner holds the
-// lock; it changes nothing in Redis in those cases. If Redis cannot be
+// this Hold was already unlocked, and ErrNotOwner if another owner, or a
+// newer ownership of the same owner, holds the lock; it changes nothing in
+// Redis in those cases. If Redis cannot be
 // reached it returns ErrUnavailable. An Unlock that is not the last keeps
 // its level then, under the watchdog: call Unlock again, and it resends the
 // same request, which Redis applies at most once. The last Unlock ends the
@@ -82,11 +83,19 @@ func (h *Hold) Unlock(ctx context.Context) error {
 	defer c.renewing.RUnlock()
 
 	c.mu.Lock()
+	replaced := c.held[o.key] != nil && c.held[o.key] != o
 	last, granted, lease := o.levels <= 1, o.granted, o.lease
 	c.mu.Unlock()
+	if replaced {
+		// A newer ownership of the same owner holds the lock (it was
+		// force-released and taken again): this Hold must not undo it.
+		// Redis would refuse too, by the token, unless the counter expired.
+		h.unlocked = true
+		return ErrNotOwner
+	}
 
 	sent := time.Now()
-	remaining, err := c.release(ctx, o.keys, o.key.owner, lease, h.request, granted)
+	remaining, err := c.release(ctx, o.keys, o.key.owner, o.token, lease, h.request, granted)
 	if err != nil {
 		if !last {
 			return err

@@ -132,7 +132,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	start := time.Now()
 	if wait == 0 {
 		// A single attempt, which neither queues nor waits.
-		res, err := c.tryAcquire(ctx, m, owner, 0, false)
+		res, err := c.tryAcquire(ctx, m, owner, 0, false, false)
 		if err != nil {
 			return nil, err
 		}
@@ -187,9 +187,10 @@ type acquireResult struct {
 // round trip with WAIT when Options.WaitReplicas is set. If the reply is
 // lost, the same request is sent again until Redis answers (see request.go).
 // queued is set for an owner already queued, which takes a grant to it
-// (see acquire.lua's ARGV[5]). If ctx ended while the outcome was being
+// (see acquire.lua's ARGV[5]); afterRelease for an attempt made on a release
+// message (ARGV[8]). If ctx ended while the outcome was being
 // found out and the lock was taken, it is released again.
-func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, queued bool) (acquireResult, error) {
+func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, queued, afterRelease bool) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
 		return acquireResult{}, err // nothing sent, nothing to undo
 	}
@@ -197,7 +198,7 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 	request := newRequestID()
 	keys := m.keys.withLatch(request)
 	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, queued,
-		c.latchTTL.Milliseconds(), c.opts.ID}
+		c.latchTTL.Milliseconds(), c.opts.ID, afterRelease}
 
 	res := acquireResult{sent: time.Now()}
 	reply, err := resolved(ctx, c, func(ctx context.Context) ([]any, error) {
@@ -230,13 +231,13 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 		res.token, _ = reply[3].(int64)
 	}
 	if res.acquired && acked >= 0 && acked < int64(c.opts.WaitReplicas) {
-		c.undoAcquire(ctx, m, owner, res.granted)
+		c.undoAcquire(ctx, m, owner, res)
 		return acquireResult{}, fmt.Errorf("%w: only %d of %d replicas acknowledged the lock within %v", ErrUnavailable,
 			acked, c.opts.WaitReplicas, c.opts.WaitReplicasTimeout)
 	}
 	if res.acquired && ctx.Err() != nil {
 		// The caller gave up while the outcome was being found out.
-		c.undoAcquire(ctx, m, owner, res.granted)
+		c.undoAcquire(ctx, m, owner, res)
 		return acquireResult{}, ctx.Err()
 	}
 	return res, nil
@@ -285,22 +286,23 @@ func (c *Client) acquireSynced(ctx context.Context, m *Mutex, keys []string, arg
 // undoAcquire releases the level an acquisition took, when the caller will
 // not get its Hold. Best effort: if Redis does not answer, the level runs out
 // with its lease, since nobody renews it.
-func (c *Client) undoAcquire(ctx context.Context, m *Mutex, owner Owner, granted bool) {
+func (c *Client) undoAcquire(ctx context.Context, m *Mutex, owner Owner, res acquireResult) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
 	defer cancel()
 	lease, _ := m.leaseTerms()
-	_, _ = c.release(uctx, &m.keys, owner, lease, newRequestID(), granted)
+	_, _ = c.release(uctx, &m.keys, owner, res.token, lease, newRequestID(), res.granted)
 }
 
-// release runs the release script: it undoes one level of the owner's hold,
-// and when that frees the lock hands it to the next live waiter. lease is
-// restored while levels remain. A lost reply is resolved by sending the same
+// release runs the release script: it undoes one level of the owner's hold
+// of the ownership with the fencing token given (0: whichever), and when
+// that frees the lock hands it to the next live waiter. lease is restored
+// while levels remain. A lost reply is resolved by sending the same
 // request again. It returns the script's reply (see release.lua).
-func (c *Client) release(ctx context.Context, keys *lockKeys, owner Owner, lease time.Duration, request string, granted bool) (int64, error) {
+func (c *Client) release(ctx context.Context, keys *lockKeys, owner Owner, token int64, lease time.Duration, request string, granted bool) (int64, error) {
 	latched := keys.withLatch(request)
 	n, err := resolved(ctx, c, func(ctx context.Context) (int64, error) {
 		return releaseScript.Run(ctx, c.rdb, latched, string(owner), lease.Milliseconds(),
-			noticePrefix, c.opts.QueueTTL.Milliseconds(), c.latchTTL.Milliseconds(), granted).Int64()
+			noticePrefix, c.opts.QueueTTL.Milliseconds(), c.latchTTL.Milliseconds(), granted, token).Int64()
 	})
 	return n, failure(ctx, err)
 }

@@ -85,6 +85,10 @@ type waiter struct {
 	head     bool          // heads the queue, so acts on the release message
 	notices  uint64        // head notices received
 	releases uint64        // release messages received
+	// releasesTried is releases as of the last attempt: an attempt by the
+	// head after more came follows a release message (see acquire.lua's
+	// ARGV[8]).
+	releasesTried uint64
 	// listening is true when the client was already subscribed to both the
 	// lock's channel and the notice channel when the waiter registered, so
 	// it cannot have missed anything since its first attempt.
@@ -399,8 +403,10 @@ func (ws *waiting) sweep() {
 func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex, takeHandover bool) (acquireResult, error) {
 	ws.mu.Lock()
 	notices, releases := w.notices, w.releases
+	afterRelease := w.head && releases != w.releasesTried
+	w.releasesTried = releases
 	ws.mu.Unlock()
-	res, err := ws.c.tryAcquire(ctx, m, w.key.owner, ws.c.opts.QueueTTL, takeHandover)
+	res, err := ws.c.tryAcquire(ctx, m, w.key.owner, ws.c.opts.QueueTTL, takeHandover, afterRelease)
 	if err == nil && !res.acquired {
 		ws.mu.Lock()
 		w.queuedSent = res.sent

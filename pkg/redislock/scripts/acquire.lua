@@ -9,6 +9,7 @@
 --         lib.lua) is taken instead of counting a new level
 -- ARGV[6] how long the request's latch is kept, in ms
 -- ARGV[7] the client ID whose notice channel reaches the owner
+-- ARGV[8] '1' when the attempt follows a release message: the lock was freed
 --
 -- Returns {1, token, count} when the owner holds the lock (count is its
 -- reentry count), or {0, pttl, isHead, token} when it does not. pttl is the
@@ -84,5 +85,11 @@ end
 local isHead = 0
 if redis.call('zrange', KEYS[4], 0, 0)[1] == owner then
   isHead = 1
+  if ARGV[8] == '1' and pttl > 0 then
+    -- The head tried on a release message and found the lock taken: only a
+    -- client outside the queue takes a free lock, so the head lost a race
+    -- to one, and the queue is owed a turn (see free_lock).
+    redis.call('hincrby', KEYS[5], '~owed', 1)
+  end
 end
 return {0, pttl, isHead, current_token()}

@@ -184,7 +184,41 @@ end
 -- claimTTL, so a waiter that died while queued holds up the lock for no longer
 -- than that; a live one extends its lease once it has the notice. With nobody
 -- queued, the release message is published.
+--
+-- Redisson clients wait outside the queue, on the release channel, and take
+-- the lock only when they find it free; handed over from one lockwarden
+-- waiter to the next, it would never be. So when the channel has more
+-- listeners than the queued waiters (each of whose clients listens once) and
+-- the releasing client, some are not lockwarden's, and the turns are kept
+-- even. A release that frees the lock, theirs or ours, starts a race between
+-- them and the head of the queue; each race the head loses (see acquire.lua)
+-- is owed to the queue, under '~owed' in the entries hash, a field no owner
+-- ID can be. A lockwarden release hands the lock over while the queue is
+-- owed turns, one per release, and otherwise leaves it free and tells the
+-- head to race. In a Cluster the listeners counted are those on the lock's
+-- own node only.
+local function outsiders_wait(queued)
+  return redis.call('pubsub', 'numsub', KEYS[2])[2] > queued + 1
+end
+
 local function free_lock(prefix, claimTTL)
+  local queued = redis.call('zcard', KEYS[4])
+  if queued == 0 then
+    publish(KEYS[2], '0')
+    return
+  end
+  if outsiders_wait(queued) then
+    if tonumber(redis.call('hget', KEYS[5], '~owed') or 0) > 0 then
+      redis.call('hincrby', KEYS[5], '~owed', -1)
+    else
+      publish(KEYS[2], '0')
+      local head, _, client = live_head()
+      if head then
+        notify(prefix, client, head, '1')
+      end
+      return
+    end
+  end
   local head, lease, client = pop_live_head()
   if not head then
     publish(KEYS[2], '0')

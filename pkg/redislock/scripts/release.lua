@@ -9,6 +9,10 @@
 -- ARGV[5] how long the request's latch is kept, in ms
 -- ARGV[6] '1' when the hold began as a grant the owner took from its notice,
 --         whose record is then cleared with the hold
+-- ARGV[7] the fencing token of the ownership the release is for, or 0 if not
+--         known: a release for an ownership that a newer one replaced (the
+--         lock was force-released and taken again by the same owner) is
+--         refused as not the owner's
 --
 -- Returns the owner's remaining reentry count (0: the lock was handed to the
 -- next waiter, or freed and the release message "0" published), -1 when the
@@ -27,6 +31,14 @@ if not count then
     return -2
   end
   return -1
+end
+if ARGV[7] ~= '0' then
+  -- Every new ownership takes a token, so the counter holds the current
+  -- ownership's, unless it expired (see token_retention).
+  local current = redis.call('get', KEYS[3])
+  if current and current ~= ARGV[7] then
+    return -2
+  end
 end
 if count > 1 then
   redis.call('hincrby', KEYS[1], owner, -1)

@@ -1,0 +1,91 @@
+package redislock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// A mixed fleet shares a lock fairly: 4 lockwarden clients and 4 clients
+// running Redisson's own scripts contend for one lock, and each side gets at
+// least 30% of the acquisitions. Hand-overs alone would starve the Redisson
+// clients, who only take a lock they find free. Both sides also exclude each
+// other throughout: the critical section counts overlaps.
+func TestMixedFleetIsFair(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	name := lockName(t)
+	const perSide, rounds = 4, 600
+
+	var inside, overlaps atomic.Int32
+	var ours, theirs atomic.Int64
+	critical := func(side *atomic.Int64) {
+		if inside.Add(1) != 1 {
+			overlaps.Add(1)
+		}
+		time.Sleep(200 * time.Microsecond)
+		inside.Add(-1)
+		side.Add(1)
+	}
+	done := func() bool { return ours.Load()+theirs.Load() >= rounds }
+
+	var wg sync.WaitGroup
+	for i := range perSide {
+		c := newClient(t, srv.Client(t), redislock.Options{RetryFallback: 100 * time.Millisecond, QueueTTL: time.Second})
+		m := newMutex(t, c, name, nil)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !done() && ctx.Err() == nil {
+				hold, err := m.Lock(ctx)
+				if err != nil {
+					t.Errorf("lockwarden client %d: %v", i, err)
+					return
+				}
+				critical(&ours)
+				if err := hold.Unlock(ctx); err != nil {
+					t.Errorf("lockwarden client %d: %v", i, err)
+					return
+				}
+				time.Sleep(500 * time.Microsecond)
+			}
+		}()
+		r := &redissonLock{rdb: srv.Client(t), name: name, owner: fmt.Sprintf("0b7e3c11-redisson-%d:1", i), lease: 30 * time.Second}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !done() && ctx.Err() == nil {
+				if err := r.lock(ctx); err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("Redisson client %d: %v", i, err)
+					}
+					return
+				}
+				critical(&theirs)
+				if _, err := r.unlock(ctx); err != nil {
+					t.Errorf("Redisson client %d: %v", i, err)
+					return
+				}
+				time.Sleep(500 * time.Microsecond)
+			}
+		}()
+	}
+	wg.Wait()
+	total := ours.Load() + theirs.Load()
+	t.Logf("%d acquisitions: lockwarden %d, Redisson %d", total, ours.Load(), theirs.Load())
+	if n := overlaps.Load(); n != 0 {
+		t.Fatalf("%d acquisitions overlapped another", n)
+	}
+	for side, n := range map[string]int64{"lockwarden": ours.Load(), "Redisson": theirs.Load()} {
+		if n*10 < total*3 {
+			t.Errorf("%s clients got %d of %d acquisitions, under 30%%", side, n, total)
+		}
+	}
+}
