@@ -16,9 +16,9 @@ import (
 // as the scripts themselves, the renewal, pub/sub and WAIT paths, and the
 // connection's own. The key pattern may be narrowed to the lock names used
 // plus redisson_lock_*:* and lockwarden_lock_*:*.
-const MinimalACL = "+@connection +evalsha +eval +script|load +publish +subscribe +unsubscribe +ping +wait " +
+const MinimalACL = "+@connection +evalsha +eval +script|load +publish +subscribe +unsubscribe +spublish +ssubscribe +sunsubscribe +ping +wait " +
 	"+time +exists +get +set +del +pexpire +pttl +hset +hget +hexists +hincrby +hdel +hkeys +hgetall " +
-	"+zadd +zrem +zrange +zpopmin +zscore +zcard +pubsub|numsub +hincrby " +
+	"+zadd +zrem +zrange +zpopmin +zscore +zcard +pubsub|numsub +pubsub|shardnumsub " +
 	"~* &redisson_lock__channel:* &lockwarden_lock__notice:*"
 
 // checkPermissions makes sure the Redis user may publish on the channels
@@ -27,12 +27,18 @@ const MinimalACL = "+@connection +evalsha +eval +script|load +publish +subscribe
 // retry: every hand-over would take a second. New refuses such a user up
 // front instead. If Redis does not answer, the check is skipped: the locks'
 // own calls fail until it does.
-func checkPermissions(rdb redis.UniversalClient, clientID string) error {
+func checkPermissions(rdb redis.UniversalClient, clientID string, sharded bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	for _, channel := range []string{noticePrefix + clientID, channelPrefix + "{lockwarden-acl-check}"} {
+	probe := keysFor("lockwarden-acl-check")
+	for _, channel := range []string{probe.noticePrefix + clientID, probe.channel} {
 		// An empty message: waiters ignore it, and Redisson's only acts on "0".
-		err := rdb.Publish(ctx, channel, "").Err()
+		var err error
+		if sharded {
+			err = rdb.SPublish(ctx, channel, "").Err()
+		} else {
+			err = rdb.Publish(ctx, channel, "").Err()
+		}
 		if err != nil && strings.HasPrefix(err.Error(), "NOPERM") {
 			return fmt.Errorf("redislock: the Redis user may not publish on %s (%v); grant it at least: %s", channel, err, MinimalACL)
 		}

@@ -41,7 +41,7 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		return LockInfo{}, err
 	}
 	k := keysFor(name)
-	reply, err := inspectScript.Run(ctx, c.rdb, k.all).Slice()
+	reply, err := c.scripts.inspect.Run(ctx, c.rdb, k.all).Slice()
 	if err != nil {
 		return LockInfo{}, unavailable(err)
 	}
@@ -96,8 +96,8 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	defer c.renewing.RUnlock()
 	k := keysFor(name)
 	prefix := clientID + ":"
-	n, err := forceReleaseScript.Run(ctx, c.rdb, k.all,
-		prefix, noticePrefix, c.opts.QueueTTL.Milliseconds()).Int()
+	n, err := c.scripts.forceRelease.Run(ctx, c.rdb, k.all,
+		prefix, k.noticePrefix, c.opts.QueueTTL.Milliseconds()).Int()
 	if err != nil {
 		return 0, unavailable(err)
 	}

@@ -131,6 +131,8 @@ type Client struct {
 	// ownedRedis is the Redis client FromEnv opened, closed by Close.
 	ownedRedis redis.UniversalClient
 
+	// scripts are the scripts for rdb: classic or sharded pub/sub.
+	scripts *scriptSet
 	// latchTTL is how long Redis keeps a request's result (see request.go);
 	// resolveWindow is how long a call resends a request whose reply was
 	// lost.
@@ -172,7 +174,8 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkPermissions(rdb, opts.ID); err != nil {
+	sharded := sharded(rdb)
+	if err := checkPermissions(rdb, opts.ID, sharded); err != nil {
 		return nil, err
 	}
 	c := &Client{
@@ -183,13 +186,17 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 		done:          make(chan struct{}),
 		held:          make(map[holdKey]*ownership),
 		confirmNow:    make(chan struct{}, 1),
+		scripts:       classicScripts,
+	}
+	if sharded {
+		c.scripts = shardedScripts
 	}
 	// Owner numbers start at a random point, so that two processes with
 	// the same ID (two containers of one pod, or a restarted container whose
 	// lease still runs) never share an owner ID and re-enter each other's
 	// locks. They never start at 0, the controller's own suffix.
 	c.ownerSeq.Store(mathrand.Uint64N(1 << 62))
-	c.waits = newWaiting(c)
+	c.waits = newWaiting(c, sharded)
 	c.loops.Add(1)
 	go c.renewLoop()
 	return c, nil

@@ -81,7 +81,12 @@
 // and no other waiter wakes. The hand-over grants at most Options.QueueTTL of
 // lease, which the new holder extends to its own lease a third of the way
 // in, so a waiter that died while queued holds up the lock for at most about
-// twice QueueTTL. Each client has one pub/sub connection for all its waiters.
+// twice QueueTTL. A client listens on two channels per lock it waits for,
+// the lock's release channel and its notice channel; on a Redis 7 Cluster
+// they are sharded channels (SSUBSCRIBE and SPUBLISH, as Redisson uses
+// there), so messages reach the lock's shard only and Redisson's waiters and
+// ours wake each other. A client uses one pub/sub connection for all its
+// waiters, or on a sharded Cluster one per lock waited on.
 //
 // An Unlock that frees the lock with nobody queued publishes "0" on
 // redisson_lock__channel:{<name>}, as Redisson's does. A lock can also come
@@ -90,7 +95,10 @@
 // head of the queue never sleeps longer than min(the lock's remaining lease,
 // Options.RetryFallback ±20%) before it tries again, and every waiting path
 // has such a bound, the wait for its subscription included. Redisson clients
-// do not queue: they take the lock whenever they find it free.
+// do not queue: they take the lock whenever they find it free. So that they
+// get their share, a release that finds Redisson clients listening leaves
+// the lock free, rather than handing it over, unless the queue is owed a
+// turn for a race its head lost to one of them.
 //
 // # Redis layout
 //
@@ -100,7 +108,7 @@
 //	lockwarden_lock_queue:{<name>}           sorted set: waiting owners, by arrival
 //	lockwarden_lock_queue_entry:{<name>}     hash: owner ID -> "<lapses at, ms> <lease, ms> <client ID>", or a grant "g <token>"
 //	lockwarden_lock_request:{<name>}:<id>    string: a request's result, for its retries; expires
-//	lockwarden_lock__notice:<client ID>      channel: hand-overs and "you are next" notices for a client's waiters
+//	lockwarden_lock__notice:{<name>}:<client ID> channel: hand-overs and "you are next" notices for a client's waiters
 //
 // All keys of a lock share a hash tag, so every script call stays within one
 // Redis Cluster slot. As with Redisson's prefixName, the tag is {<name>}, or,

@@ -218,10 +218,26 @@ func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time)
 	return &Hold{own: o}
 }
 
-// stillHeld returns h, or ErrLeaseLost if its deadline passed before Lock
-// could return it: the process was paused, or the reply slowed, past the
-// lease.
-func stillHeld(h *Hold) (*Hold, error) {
+// stillHeld returns h, once Lock has its answer. Its deadline counts from
+// the first send of the acquire request, the earliest the lease can have
+// started; if the reply was slow, or lost and the request resent, that
+// deadline may have passed although Redis still has the lock. Then one
+// renewal tells: it extends the lease only if the owner still holds the lock,
+// and the hold counts from its send. Otherwise Lock returns ErrLeaseLost: the
+// process was paused, or the network slowed, past the lease.
+func (c *Client) stillHeld(ctx context.Context, h *Hold) (*Hold, error) {
+	o := h.own
+	c.mu.Lock()
+	overdue := c.held[o.key] == o && !time.Now().Before(o.deadline)
+	lease := o.lease
+	c.mu.Unlock()
+	if overdue && ctx.Err() == nil {
+		sent := time.Now()
+		renewed, err := renewScript.Run(ctx, c.rdb, []string{o.key.name}, lease.Milliseconds(), string(o.key.owner)).Int()
+		if err == nil && renewed == 1 {
+			c.extend(o, sent, lease)
+		}
+	}
 	if err := h.Err(); err != nil {
 		return nil, err
 	}

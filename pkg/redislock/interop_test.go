@@ -21,6 +21,9 @@ type redissonLock struct {
 	name  string
 	owner string // "<client UUID>:<thread id>"
 	lease time.Duration
+	// sharded makes it wait with SSUBSCRIBE and publish with SPUBLISH, as
+	// Redisson does on a Redis 7 Cluster.
+	sharded bool
 }
 
 var (
@@ -58,7 +61,12 @@ func (r *redissonLock) tryLock(ctx context.Context) (time.Duration, error) {
 }
 
 func (r *redissonLock) lock(ctx context.Context) error {
-	sub := r.rdb.Subscribe(ctx, r.channel())
+	var sub *redis.PubSub
+	if r.sharded {
+		sub = r.rdb.SSubscribe(ctx, r.channel())
+	} else {
+		sub = r.rdb.Subscribe(ctx, r.channel())
+	}
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
 		return err
@@ -78,7 +86,11 @@ func (r *redissonLock) lock(ctx context.Context) error {
 }
 
 func (r *redissonLock) unlock(ctx context.Context) (bool, error) {
-	n, err := redissonUnlock.Run(ctx, r.rdb, []string{r.name, r.channel()}, "0", r.lease.Milliseconds(), r.owner, "publish").Int64()
+	publish := "publish"
+	if r.sharded {
+		publish = "spublish"
+	}
+	n, err := redissonUnlock.Run(ctx, r.rdb, []string{r.name, r.channel()}, "0", r.lease.Milliseconds(), r.owner, publish).Int64()
 	if errors.Is(err, redis.Nil) {
 		return false, nil
 	}
@@ -176,4 +188,47 @@ func TestRedissonInterop(t *testing.T) {
 			t.Fatalf("Redisson unlock = %v, %v", freed, err)
 		}
 	})
+}
+
+// On a Redis 7 Cluster, Redisson waits with SSUBSCRIBE and its unlock
+// publishes with SPUBLISH; lockwarden does the same there, so each side's
+// release wakes the other's waiter. The fallbacks are longer than the test's
+// bounds: only the messages can wake the waiters in time.
+func TestRedissonShardedInterop(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	ctx := testContext(t)
+	c := newClient(t, cl.Client(t), redislock.Options{RetryFallback: time.Minute, QueueTTL: 2 * time.Minute})
+	name := lockName(t)
+	redisson := &redissonLock{rdb: cl.Client(t), name: name, owner: "5b7e0b7e-sharded:1", lease: 30 * time.Second, sharded: true}
+
+	// Redisson holds; our waiter is woken by its SPUBLISH.
+	if ttl, err := redisson.tryLock(ctx); err != nil || ttl != 0 {
+		t.Fatalf("Redisson tryLock = %v, %v", ttl, err)
+	}
+	got := lockInBackground(t, ctx, newMutex(t, c, name, nil))
+	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "our waiter to queue")
+	if freed, err := redisson.unlock(ctx); err != nil || !freed {
+		t.Fatalf("Redisson unlock = %v, %v", freed, err)
+	}
+	held := receiveHold(t, got, 10*time.Second, "our waiter's wake-up on Redisson's sharded release")
+	if held == nil {
+		return
+	}
+
+	// We hold; Redisson's sharded waiter is woken by our release.
+	woken := make(chan error, 1)
+	go func() { woken <- redisson.lock(ctx) }()
+	time.Sleep(50 * time.Millisecond) // let it subscribe and find the lock held
+	mustUnlock(t, ctx, held)
+	select {
+	case err := <-woken:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Redisson's sharded waiter was not woken by our release")
+	}
+	if freed, err := redisson.unlock(ctx); err != nil || !freed {
+		t.Fatalf("Redisson unlock = %v, %v", freed, err)
+	}
 }

@@ -19,8 +19,9 @@ const (
 	queueEntryPrefix = "lockwarden_lock_queue_entry:"
 	// requestPrefix + tag + ":" + request ID latches a request's result.
 	requestPrefix = "lockwarden_lock_request:"
-	// noticePrefix + client ID is the channel on which a client's waiters
-	// learn that they reached the head of a wait queue.
+	// noticePrefix + tag + ":" + client ID is the channel on which a
+	// client's waiters for the lock learn that it was handed to them, or
+	// that they head its queue.
 	noticePrefix = "lockwarden_lock__notice:"
 	// releaseMessage is what Redisson publishes when a lock is freed.
 	releaseMessage = "0"
@@ -31,6 +32,8 @@ const (
 type lockKeys struct {
 	name, channel string
 	tag           string // the hash tag the lock's other keys carry
+	// noticePrefix + client ID is the lock's notice channel for a client.
+	noticePrefix string
 	// all is the KEYS list of every script but renew.lua, in the order
 	// scripts/lib.lua gives; acquire and release add a request latch.
 	all []string
@@ -59,9 +62,10 @@ func keysFor(name string) lockKeys {
 	tag := hashTag(name)
 	channel := channelFor(name)
 	return lockKeys{
-		name:    name,
-		channel: channel,
-		tag:     tag,
+		name:         name,
+		channel:      channel,
+		tag:          tag,
+		noticePrefix: noticePrefix + tag + ":",
 		all: []string{name, channel, tokenPrefix + tag,
 			queuePrefix + tag, queueEntryPrefix + tag},
 	}

@@ -139,7 +139,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 		if !res.acquired {
 			return nil, ErrWaitTimeout
 		}
-		return stillHeld(c.hold(m, owner, res, start))
+		return c.stillHeld(ctx, c.hold(m, owner, res, start))
 	}
 
 	var bound <-chan time.Time
@@ -162,7 +162,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 			return nil, err
 		}
 	}
-	return stillHeld(c.hold(m, owner, res, start))
+	return c.stillHeld(ctx, c.hold(m, owner, res, start))
 }
 
 // acquireResult is the outcome of one acquire attempt, or of a hand-over.
@@ -197,7 +197,7 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 	lease, _ := m.leaseTerms()
 	request := newRequestID()
 	keys := m.keys.withLatch(request)
-	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), noticePrefix, queued,
+	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), m.keys.noticePrefix, queued,
 		c.latchTTL.Milliseconds(), c.opts.ID, afterRelease}
 
 	res := acquireResult{sent: time.Now()}
@@ -205,7 +205,7 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 		if c.opts.WaitReplicas > 0 {
 			return c.acquireSynced(ctx, m, keys, args)
 		}
-		return acquireScript.Run(ctx, c.rdb, keys, args...).Slice()
+		return c.scripts.acquire.Run(ctx, c.rdb, keys, args...).Slice()
 	})
 	c.opts.Metrics.observeAcquire(time.Since(res.sent))
 	if err != nil {
@@ -260,14 +260,14 @@ func (c *Client) acquireSynced(ctx context.Context, m *Mutex, keys []string, arg
 	}
 	run := func() (*redis.Cmd, *redis.Cmd, error) {
 		pipe := node.Pipeline()
-		eval := acquireScript.EvalSha(ctx, pipe, keys, args...)
+		eval := c.scripts.acquire.EvalSha(ctx, pipe, keys, args...)
 		wait := pipe.Do(ctx, "wait", c.opts.WaitReplicas, c.opts.WaitReplicasTimeout.Milliseconds())
 		_, err := pipe.Exec(ctx)
 		return eval, wait, err
 	}
 	eval, wait, err := run()
 	if isNoScript(eval.Err()) {
-		if err := acquireScript.Load(ctx, node).Err(); err != nil {
+		if err := c.scripts.acquire.Load(ctx, node).Err(); err != nil {
 			return nil, err
 		}
 		eval, wait, err = run()
@@ -301,8 +301,8 @@ func (c *Client) undoAcquire(ctx context.Context, m *Mutex, owner Owner, res acq
 func (c *Client) release(ctx context.Context, keys *lockKeys, owner Owner, token int64, lease time.Duration, request string, granted bool) (int64, error) {
 	latched := keys.withLatch(request)
 	n, err := resolved(ctx, c, func(ctx context.Context) (int64, error) {
-		return releaseScript.Run(ctx, c.rdb, latched, string(owner), lease.Milliseconds(),
-			noticePrefix, c.opts.QueueTTL.Milliseconds(), c.latchTTL.Milliseconds(), granted, token).Int64()
+		return c.scripts.release.Run(ctx, c.rdb, latched, string(owner), lease.Milliseconds(),
+			keys.noticePrefix, c.opts.QueueTTL.Milliseconds(), c.latchTTL.Milliseconds(), granted, token).Int64()
 	})
 	return n, failure(ctx, err)
 }

@@ -31,16 +31,31 @@ var (
 // renewBatch). Scripts are loaded per node this way rather than kept as Redis
 // Functions: EVALSHA works on every Redis a Redisson client works on, and a
 // node that lost its cache costs one EVAL, not a deployment step.
+//
 // All but renew.lua take the KEYS of lockKeys.all (acquire and release with
 // a request latch added) and get the shared helpers of lib.lua prepended.
+// They come in two sets, which differ in the command that publishes: PUBLISH,
+// or SPUBLISH on a Cluster with sharded pub/sub (see subscriptions.go).
+type scriptSet struct {
+	acquire, release, leave, forceRelease, inspect *redis.Script
+}
+
 var (
-	acquireScript      = redis.NewScript(libLua + acquireLua)
-	releaseScript      = redis.NewScript(libLua + releaseLua)
-	renewScript        = redis.NewScript(renewLua)
-	leaveScript        = redis.NewScript(libLua + leaveLua)
-	forceReleaseScript = redis.NewScript(libLua + forceReleaseLua)
-	inspectScript      = redis.NewScript(libLua + inspectLua)
+	classicScripts = newScriptSet("publish")
+	shardedScripts = newScriptSet("spublish")
+	renewScript    = redis.NewScript(renewLua)
 )
+
+func newScriptSet(publish string) *scriptSet {
+	lib := strings.Replace(libLua, "local publish_command = 'publish'", "local publish_command = '"+publish+"'", 1)
+	return &scriptSet{
+		acquire:      redis.NewScript(lib + acquireLua),
+		release:      redis.NewScript(lib + releaseLua),
+		leave:        redis.NewScript(lib + leaveLua),
+		forceRelease: redis.NewScript(lib + forceReleaseLua),
+		inspect:      redis.NewScript(lib + inspectLua),
+	}
+}
 
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")

@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // How waiting works. A lock's waiters form a FIFO queue in Redis (see
@@ -27,10 +24,8 @@ import (
 // waiter learns that it became the head from its own attempt, or from a
 // notice sent by the script that moved the queue on.
 //
-// Each client has one pub/sub connection, subscribed to its notice channel
-// and to the release channel of every lock it waits for. A lock's channel
-// stays subscribed for subscriptionLinger after its last waiter leaves, so a
-// busy lock costs no SUBSCRIBE per acquisition.
+// The client listens on each lock it waits for through a subscription (see
+// subscriptions.go): the lock's release channel, and its notice channel.
 //
 // Messages can be missed: the connection breaks, or a Redisson client frees
 // the lock while our head does not know it is the head. So a waiter never
@@ -38,47 +33,25 @@ import (
 // Its retries refresh its queue entry, and take a hand-over whose notice was
 // missed.
 
-const (
-	subscriptionLinger = 10 * time.Second
-	// receiveTimeout is how long the receiver blocks before it pings the
-	// connection, so a dead one is noticed, and sweeps idle subscriptions.
-	receiveTimeout = time.Second
-)
-
 type waiting struct {
-	c             *Client
-	noticeChannel string
+	c *Client
+	// sharded is set on a Cluster with sharded pub/sub (see
+	// subscriptions.go).
+	sharded bool
 
-	mu      sync.Mutex
-	closed  bool
-	pubsub  *redis.PubSub // nil until the first subscription
-	notices *subscription // the notice channel's subscription
-	locks   map[string]*subscription
-	slots   map[holdKey]*waiter // the one waiting Lock call per owner and lock
-}
-
-// subscription is one subscribed channel and the waiters that listen on it.
-type subscription struct {
-	confirmed chan struct{} // closed when Redis confirms the subscription
-	waiters   []*waiter     // for a lock channel: the lock's waiters
-	idleSince time.Time
-}
-
-func (s *subscription) isConfirmed() bool {
-	select {
-	case <-s.confirmed:
-		return true
-	default:
-		return false
-	}
+	mu       sync.Mutex
+	closed   bool
+	shared   *pubsubConn              // the one connection, unless sharded
+	subs     map[string]*subscription // by lock name
+	channels map[string]*subscription // by channel, both of each lock's
+	slots    map[holdKey]*waiter      // the one waiting Lock call per owner and lock
 }
 
 // waiter is one Lock call that may wait.
 type waiter struct {
-	key     holdKey
-	channel string        // the lock's release channel
-	wake    chan struct{} // buffered: one pending wake-up is enough
-	done    chan struct{} // closed when the call stops waiting
+	key  holdKey
+	wake chan struct{} // buffered: one pending wake-up is enough
+	done chan struct{} // closed when the call stops waiting
 
 	// Guarded by waiting.mu.
 	sub      *subscription // the lock's subscription, once the waiter is on it
@@ -89,9 +62,9 @@ type waiter struct {
 	// head after more came follows a release message (see acquire.lua's
 	// ARGV[8]).
 	releasesTried uint64
-	// listening is true when the client was already subscribed to both the
-	// lock's channel and the notice channel when the waiter registered, so
-	// it cannot have missed anything since its first attempt.
+	// listening is true when the client was already subscribed to the
+	// lock's channels when the waiter registered, so it cannot have missed
+	// anything since its first attempt.
 	listening bool
 	// queuedSent is when the waiter's last attempt that left it queued was
 	// sent; a hand-over can only have come after it. lastToken is the latest
@@ -116,12 +89,13 @@ func (w *waiter) signal() {
 	}
 }
 
-func newWaiting(c *Client) *waiting {
+func newWaiting(c *Client, sharded bool) *waiting {
 	return &waiting{
-		c:             c,
-		noticeChannel: noticePrefix + c.opts.ID,
-		locks:         make(map[string]*subscription),
-		slots:         make(map[holdKey]*waiter),
+		c:        c,
+		sharded:  sharded,
+		subs:     make(map[string]*subscription),
+		channels: make(map[string]*subscription),
+		slots:    make(map[holdKey]*waiter),
 	}
 }
 
@@ -142,11 +116,11 @@ func (ws *waiting) enter(ctx context.Context, keys *lockKeys, owner Owner, bound
 		}
 		other := ws.slots[key]
 		if other == nil {
-			w := &waiter{key: key, channel: keys.channel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+			w := &waiter{key: key, wake: make(chan struct{}, 1), done: make(chan struct{})}
 			ws.slots[key] = w
-			if sub := ws.locks[keys.channel]; sub != nil {
+			if sub := ws.subs[keys.name]; sub != nil {
 				sub.add(w)
-				w.listening = sub.isConfirmed() && ws.notices != nil && ws.notices.isConfirmed()
+				w.listening = sub.isConfirmed()
 			}
 			ws.mu.Unlock()
 			return w, nil
@@ -162,11 +136,6 @@ func (ws *waiting) enter(ctx context.Context, keys *lockKeys, owner Owner, bound
 			return nil, ErrClosed
 		}
 	}
-}
-
-func (s *subscription) add(w *waiter) {
-	s.waiters = append(s.waiters, w)
-	w.sub = s
 }
 
 // exit ends a waiter's Lock call, letting the next call of its owner in.
@@ -192,148 +161,15 @@ func (ws *waiting) exit(w *waiter) {
 	}
 }
 
-// subscribe makes sure the client listens on the lock's channel and its
-// notice channel, and returns channels that close once Redis confirms both.
-func (ws *waiting) subscribe(ctx context.Context, w *waiter) ([]chan struct{}, error) {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	if ws.closed {
-		return nil, ErrClosed
-	}
-	var channels []string
-	if ws.notices == nil {
-		ws.notices = &subscription{confirmed: make(chan struct{})}
-		channels = append(channels, ws.noticeChannel)
-	}
-	lockChannel := w.channel
-	sub := ws.locks[lockChannel]
-	if sub == nil {
-		sub = &subscription{confirmed: make(chan struct{})}
-		ws.locks[lockChannel] = sub
-		channels = append(channels, lockChannel)
-	}
-	if w.sub == nil {
-		sub.add(w)
-	}
-	if len(channels) > 0 {
-		if ws.pubsub == nil {
-			ws.pubsub = ws.c.rdb.Subscribe(ctx)
-			ws.c.loops.Add(1)
-			go ws.receive(ws.pubsub)
-		}
-		if err := ws.pubsub.Subscribe(ctx, channels...); err != nil {
-			return nil, unavailable(err)
-		}
-	}
-	return []chan struct{}{ws.notices.confirmed, sub.confirmed}, nil
-}
-
-// close ends the subscription and wakes every waiter, which then sees the
-// client closed.
-func (ws *waiting) close() {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	ws.closed = true
-	if ws.pubsub != nil {
-		_ = ws.pubsub.Close()
-	}
-	for _, sub := range ws.locks {
-		for _, w := range sub.waiters {
-			w.signal()
-		}
-	}
-}
-
-// receive is the client's pub/sub goroutine: it routes release messages and
-// head notices to waiters. go-redis reconnects and resubscribes by itself;
-// a confirmation of a channel already confirmed means a reconnection, after
-// which messages may have been missed, so every waiter on it retries.
-func (ws *waiting) receive(ps *redis.PubSub) {
-	defer ws.c.loops.Done()
-	lastSweep := time.Now()
-	for {
-		msg, err := ps.ReceiveTimeout(context.Background(), receiveTimeout)
-		ws.mu.Lock()
-		closed := ws.closed
-		ws.mu.Unlock()
-		if closed {
-			return
-		}
-		if time.Since(lastSweep) > receiveTimeout {
-			ws.sweep()
-			lastSweep = time.Now()
-		}
-		if err != nil {
-			var netErr net.Error
-			if errors.As(err, &netErr) && netErr.Timeout() {
-				_ = ps.Ping(context.Background())
-				continue
-			}
-			// A broken connection: go-redis reconnects on the next receive.
-			select {
-			case <-ws.c.done:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Kind == "subscribe" {
-				ws.confirm(m.Channel)
-			}
-		case *redis.Message:
-			if m.Channel == ws.noticeChannel {
-				ws.notice(m.Payload)
-			} else if m.Payload == releaseMessage {
-				ws.released(m.Channel)
-			}
-		}
-	}
-}
-
-func (ws *waiting) confirm(channel string) {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	var sub *subscription
-	if channel == ws.noticeChannel {
-		sub = ws.notices
-	} else {
-		sub = ws.locks[channel]
-	}
-	if sub == nil {
-		return
-	}
-	if !sub.isConfirmed() {
-		close(sub.confirmed)
-		return
-	}
-	// Resubscribed after a reconnection.
-	subs := []*subscription{sub}
-	if sub == ws.notices {
-		subs = subs[:0]
-		for _, s := range ws.locks {
-			subs = append(subs, s)
-		}
-	}
-	for _, s := range subs {
-		for _, w := range s.waiters {
-			w.signal()
-		}
-	}
-}
-
 // released wakes the lock's waiter at the head of the queue. Waiters further
 // back stay asleep: the head takes the lock and the next one is notified.
-func (ws *waiting) released(channel string) {
+func (ws *waiting) released(sub *subscription) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	if sub := ws.locks[channel]; sub != nil {
-		for _, w := range sub.waiters {
-			w.releases++
-			if w.head {
-				w.signal()
-			}
+	for _, w := range sub.waiters {
+		w.releases++
+		if w.head {
+			w.signal()
 		}
 	}
 }
@@ -376,22 +212,6 @@ func (ws *waiting) notice(payload string) {
 		if kind == "1" {
 			w.signal()
 		}
-	}
-}
-
-// sweep unsubscribes lock channels nobody has waited on for a while.
-func (ws *waiting) sweep() {
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	var idle []string
-	for channel, sub := range ws.locks {
-		if len(sub.waiters) == 0 && time.Since(sub.idleSince) > subscriptionLinger {
-			delete(ws.locks, channel)
-			idle = append(idle, channel)
-		}
-	}
-	if len(idle) > 0 && ws.pubsub != nil {
-		_ = ws.pubsub.Unsubscribe(context.Background(), idle...)
 	}
 }
 
@@ -461,7 +281,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 	}
 
 	if !listening {
-		confirmed, err := ws.subscribe(ctx, w)
+		confirmed, err := ws.subscribe(ctx, w, &m.keys)
 		if err != nil {
 			return giveUp(err)
 		}
@@ -470,19 +290,15 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 		// be: the waiter then polls, as it does after a missed message.
 		unconfirmed := time.NewTimer(c.fallback(0))
 		defer unconfirmed.Stop()
-	confirming:
-		for _, ch := range confirmed {
-			select {
-			case <-ch:
-			case <-unconfirmed.C:
-				break confirming
-			case <-ctx.Done():
-				return giveUp(ctx.Err())
-			case <-bound:
-				return giveUp(ErrWaitTimeout)
-			case <-c.done:
-				return giveUp(ErrClosed)
-			}
+		select {
+		case <-confirmed:
+		case <-unconfirmed.C:
+		case <-ctx.Done():
+			return giveUp(ctx.Err())
+		case <-bound:
+			return giveUp(ErrWaitTimeout)
+		case <-c.done:
+			return giveUp(ErrClosed)
 		}
 	}
 
@@ -552,6 +368,6 @@ func (c *Client) fallback(pttl time.Duration) time.Duration {
 // an entry left behind expires after QueueTTL, and a hand-over's lease is at
 // most the QueueTTL of the client that handed it over.
 func (c *Client) leaveQueue(ctx context.Context, m *Mutex, owner Owner) {
-	_ = leaveScript.Run(ctx, c.rdb, m.keys.all,
-		string(owner), noticePrefix, c.opts.QueueTTL.Milliseconds()).Err()
+	_ = c.scripts.leave.Run(ctx, c.rdb, m.keys.all,
+		string(owner), m.keys.noticePrefix, c.opts.QueueTTL.Milliseconds()).Err()
 }

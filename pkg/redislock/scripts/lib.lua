@@ -150,11 +150,15 @@ local function granted(owner)
   return string.sub(redis.call('hget', KEYS[5], owner) or '', 1, 2) == 'g '
 end
 
+-- publish_command is PUBLISH, or SPUBLISH on a Cluster with sharded pub/sub,
+-- where the client's scripts have it replaced (see scripts.go).
+local publish_command = 'publish'
+
 -- publish sends a message, but a failure (an ACL that denies the channel)
 -- does not abort the script: every write before it stays consistent, and
 -- the waiter it was for finds out on its next retry.
 local function publish(channel, message)
-  redis.pcall('publish', channel, message)
+  redis.pcall(publish_command, channel, message)
 end
 
 -- notify sends a waiter a notice on its client's notice channel: "<kind>
@@ -195,10 +199,16 @@ end
 -- is owed to the queue, under '~owed' in the entries hash, a field no owner
 -- ID can be. A lockwarden release hands the lock over while the queue is
 -- owed turns, one per release, and otherwise leaves it free and tells the
--- head to race. In a Cluster the listeners counted are those on the lock's
--- own node only.
+-- head to race. With classic pub/sub in a Cluster, the listeners counted are
+-- those on the lock's own node only; sharded ones are all there.
 local function outsiders_wait(queued)
-  return redis.call('pubsub', 'numsub', KEYS[2])[2] > queued + 1
+  local listeners
+  if publish_command == 'spublish' then
+    listeners = redis.call('pubsub', 'shardnumsub', KEYS[2])[2]
+  else
+    listeners = redis.call('pubsub', 'numsub', KEYS[2])[2]
+  end
+  return listeners > queued + 1
 end
 
 local function free_lock(prefix, claimTTL)
