@@ -76,7 +76,8 @@
 //
 // Waiters form a first-come, first-served queue in Redis. The Unlock that
 // frees the lock hands it straight to the waiter at the head of the queue,
-// with a new token, and tells that waiter on its client's notice channel: the
+// with a new token, and tells that waiter on the lock's notice channel for
+// its client: the
 // waiter holds the lock when the notice arrives, without another round trip,
 // and no other waiter wakes. The hand-over grants at most Options.QueueTTL of
 // lease, which the new holder extends to its own lease a third of the way

@@ -49,7 +49,46 @@ var (
 		`return nil;`)
 )
 
+// redissonFencedTryLock is Redisson's tryLock that also takes a fencing
+// token from the lock's counter on a new acquisition, as Redisson's
+// RFencedLock does. It returns {0, token} when acquired, else {pttl, 0}.
+var redissonFencedTryLock = redis.NewScript(`if ((redis.call('exists', KEYS[1]) == 0) ` +
+	`or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then ` +
+	`redis.call('hincrby', KEYS[1], ARGV[2], 1); ` +
+	`redis.call('pexpire', KEYS[1], ARGV[1]); ` +
+	`return {0, redis.call('incr', KEYS[2])}; ` +
+	`end; ` +
+	`return {redis.call('pttl', KEYS[1]), 0};`)
+
 func (r *redissonLock) channel() string { return "redisson_lock__channel:{" + r.name + "}" }
+
+// fencedLock waits as lock does, taking the lock with a fencing token. It
+// returns the token and when the attempt that took the lock was sent: its
+// lease started no earlier.
+func (r *redissonLock) fencedLock(ctx context.Context) (int64, time.Time, error) {
+	sub := r.rdb.Subscribe(ctx, r.channel())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		return 0, time.Time{}, err
+	}
+	for {
+		sent := time.Now()
+		reply, err := redissonFencedTryLock.Run(ctx, r.rdb, []string{r.name, "redisson_lock_token:{" + r.name + "}"},
+			r.lease.Milliseconds(), r.owner).Int64Slice()
+		if err != nil {
+			return 0, time.Time{}, err
+		}
+		if reply[0] == 0 {
+			return reply[1], sent, nil
+		}
+		waitCtx, cancel := context.WithTimeout(ctx, time.Duration(reply[0])*time.Millisecond)
+		_, _ = sub.ReceiveMessage(waitCtx)
+		cancel()
+		if ctx.Err() != nil {
+			return 0, time.Time{}, ctx.Err()
+		}
+	}
+}
 
 // tryLock returns 0 when acquired, else the lock's PTTL.
 func (r *redissonLock) tryLock(ctx context.Context) (time.Duration, error) {

@@ -32,7 +32,8 @@ const (
 type lockKeys struct {
 	name, channel string
 	tag           string // the hash tag the lock's other keys carry
-	// noticePrefix + client ID is the lock's notice channel for a client.
+	// noticePrefix + client ID is the lock's notice channel for a client:
+	// "lockwarden_lock__notice:" + tag + ":" + client ID.
 	noticePrefix string
 	// all is the KEYS list of every script but renew.lua, in the order
 	// scripts/lib.lua gives; acquire and release add a request latch.

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -37,7 +39,7 @@ const (
 	soakClients         = 4
 	soakLocks           = 16
 	soakLease           = 2 * time.Second
-	soakDefaultTarget   = 100_000
+	soakDefaultTarget   = 40_000
 	soakWait            = 5 * time.Second
 	// soakWaitBound is the longest a TryLock(soakWait) may take: the wait,
 	// one Redis call in flight when it ends with go-redis's own retries
@@ -138,14 +140,19 @@ func checkerKeys(lock string) []string {
 var soakViolations = []string{"overlaps", "token regressions", "stale writes accepted", "waits past their bound"}
 
 // TestSoak runs 8 processes of 4 lock clients each over 16 locks until they
-// have made at least 100,000 acquisitions, while faults strike at random:
-// the lock Redis paused, or crashed and restarted from its append-only file;
-// one process's network cut or slowed; one process killed (and started
-// again), or paused past its lease. The checker must see no overlapping
-// holds (but for a paused or dead holder, which only fencing can stop: a
-// paused holder that comes back is refused by its token), no fencing token
-// that fails to rise, and no stale write accepted; no process may grow or
-// leak goroutines, and the race detector must stay quiet.
+// have made at least 40,000 acquisitions (`make soak`: 1,000,000), while
+// faults strike at random: the lock Redis paused, or crashed and restarted
+// from its append-only file; one process's network cut or slowed, or its
+// replies lost after Redis ran the commands; one process killed (and started
+// again), or paused past its lease. Half the acquisitions are re-entered at
+// once by the same owner from a second goroutine and a second Client, and
+// every other process has a worker running Redisson's scripts. The workers
+// connect as a Redis user with only MinimalACL. The checker must see no
+// overlapping holds (but for a paused or dead holder, which only fencing can
+// stop: a paused holder that comes back is refused by its token), no fencing
+// token that fails to rise, no stale write accepted, and no TryLock past its
+// bound; no process may grow or leak goroutines, and the race detector must
+// stay quiet.
 func TestSoak(t *testing.T) {
 	target := soakDefaultTarget
 	if v := os.Getenv(envSoakAcquisitions); v != "" {
@@ -445,6 +452,18 @@ func runSoakChild(raw string) int {
 		clients = append(clients, c)
 	}
 	for i, c := range clients {
+		if i == soakClients-1 && cfg.Process%2 == 0 {
+			// In every other process, the last worker runs Redisson's
+			// scripts instead, through the same faults.
+			rdb := redis.NewClient(&redis.Options{Addr: cfg.LockAddr})
+			rdbs = append(rdbs, rdb)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w.runRedisson(ctx, rdb, cfg.WorkerOffset+i)
+			}()
+			continue
+		}
 		// Each worker's neighbour client re-enters its holds for the same
 		// owner: one owner from two Clients.
 		neighbour := clients[(i+1)%len(clients)]
@@ -485,8 +504,8 @@ func runSoakChild(raw string) int {
 	if err := goleak.Find(); err != nil {
 		leak = err.Error()
 	}
-	fmt.Printf("DONE acquisitions=%d lock-errors=%v goroutines early=%d late=%d peak=%d leaked=%s\n",
-		w.acquisitions.Load(), w.errorSummary(), early, late, peak, leak)
+	fmt.Printf("DONE acquisitions=%d (Redisson's scripts %d) lock-errors=%v goroutines early=%d late=%d peak=%d leaked=%s\n",
+		w.acquisitions.Load(), w.redissonAcquisitions.Load(), w.errorSummary(), early, late, peak, leak)
 	if leak != "none" || (early > 0 && late > early+2*soakClients) {
 		return 1
 	}
@@ -495,9 +514,10 @@ func runSoakChild(raw string) int {
 
 // soakWorker is the work of one soak process's workers.
 type soakWorker struct {
-	cfg          soakConfig
-	checker      *redis.Client
-	acquisitions atomic.Int64
+	cfg                  soakConfig
+	checker              *redis.Client
+	acquisitions         atomic.Int64
+	redissonAcquisitions atomic.Int64 // by the worker running Redisson's scripts
 
 	mu     sync.Mutex
 	errors map[string]int // Lock and Unlock errors, by kind
@@ -544,10 +564,10 @@ func (w *soakWorker) run(ctx context.Context, c, neighbour *redislock.Client, wo
 		if n%2 == 0 {
 			for _, mu := range m {
 				reentries.Add(1)
-				ms := r.IntN(3)
+				held := time.Duration(r.IntN(200)) * time.Microsecond
 				go func() {
 					defer reentries.Done()
-					w.reenter(hold, mu, ms)
+					w.reenter(hold, mu, held)
 				}()
 			}
 		}
@@ -557,9 +577,45 @@ func (w *soakWorker) run(ctx context.Context, c, neighbour *redislock.Client, wo
 	}
 }
 
-// reenter takes the lock again for hold's owner, holds the re-entry for a
-// moment, and unlocks it.
-func (w *soakWorker) reenter(hold *redislock.Hold, m *redislock.Mutex, ms int) {
+// runRedisson is a worker that runs Redisson's own scripts, with a fencing
+// token taken as Redisson's RFencedLock takes one, and a fixed lease: it
+// must exclude and be excluded by the lockwarden workers, and get turns.
+func (w *soakWorker) runRedisson(ctx context.Context, rdb *redis.Client, worker int) {
+	r := rand.New(rand.NewPCG(uint64(worker), uint64(w.cfg.Incarnation)))
+	for n := 0; ctx.Err() == nil; n++ {
+		name := fmt.Sprintf("soak:lock:%d", r.IntN(soakLocks))
+		redisson := &redissonLock{rdb: rdb, name: name, lease: soakLease,
+			owner: fmt.Sprintf("redisson-%d-%d:%d", w.cfg.Process, w.cfg.Incarnation, worker)}
+		pauses, err := w.checker.HGet(ctx, "soak:procs", fmt.Sprintf("pauses:%d", w.cfg.Process)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			w.noteError("checker", err)
+			continue
+		}
+		lockCtx, cancel := context.WithTimeout(ctx, soakWait)
+		token, acquired, err := redisson.fencedLock(lockCtx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				w.noteError("redisson lock", err)
+				time.Sleep(20 * time.Millisecond)
+			}
+			continue
+		}
+		w.acquisitions.Add(1)
+		w.redissonAcquisitions.Add(1)
+		holder := fmt.Sprintf("%d.%d.%d.%d", w.cfg.Process, w.cfg.Incarnation, worker, n)
+		// The lease is fixed: work only while it surely lasts.
+		valid := func() bool { return time.Since(acquired) < soakLease*9/10 }
+		w.enter(token, valid, name, holder, pauses, 1+r.IntN(3))
+		if _, err := redisson.unlock(context.Background()); err != nil {
+			w.noteError("redisson unlock", err)
+		}
+	}
+}
+
+// reenter takes the lock again for hold's owner, holds the re-entry for
+// held, and unlocks it.
+func (w *soakWorker) reenter(hold *redislock.Hold, m *redislock.Mutex, held time.Duration) {
 	ctx, cancel := context.WithTimeout(redislock.WithOwner(context.Background(), hold.Owner()), soakWait)
 	defer cancel()
 	again, err := m.TryLock(ctx, 0)
@@ -578,7 +634,7 @@ func (w *soakWorker) reenter(hold *redislock.Hold, m *redislock.Mutex, ms int) {
 		// anew): two that both count as held overlap.
 		w.countViolation("overlaps", fmt.Sprintf("%s holds with token %d and %d at once", hold.Owner(), hold.Token(), again.Token()))
 	}
-	time.Sleep(time.Duration(ms) * time.Millisecond)
+	time.Sleep(held)
 	w.unlock(again)
 }
 
@@ -614,15 +670,21 @@ func (w *soakWorker) countViolation(kind, what string) {
 // critical is the guarded work: the checker calls go to a Redis that no
 // fault touches, and each is made only while the hold lasts.
 func (w *soakWorker) critical(hold *redislock.Hold, name, holder, pauses string, writes int) {
+	w.enter(hold.Token(), func() bool { return hold.Err() == nil }, name, holder, pauses, writes)
+}
+
+// enter is the guarded work of a holder with token, for as long as valid
+// says it holds the lock.
+func (w *soakWorker) enter(token int64, valid func() bool, name, holder, pauses string, writes int) {
 	ctx := context.Background()
 	keys := checkerKeys(name)
-	if hold.Err() != nil {
+	if !valid() {
 		return
 	}
 	if pauses == "" {
 		pauses = "0"
 	}
-	args := []any{holder, hold.Token(), w.cfg.Process, w.cfg.Incarnation, pauses}
+	args := []any{holder, token, w.cfg.Process, w.cfg.Incarnation, pauses}
 	entered, err := checkerEnter.Run(ctx, w.checker, keys, args...).Int()
 	if err != nil || entered == 0 {
 		if err != nil {
@@ -631,10 +693,10 @@ func (w *soakWorker) critical(hold *redislock.Hold, name, holder, pauses string,
 		return
 	}
 	for range writes {
-		if hold.Err() != nil {
+		if !valid() {
 			break
 		}
-		if err := checkerWrite.Run(ctx, w.checker, keys, holder, hold.Token()).Err(); err != nil {
+		if err := checkerWrite.Run(ctx, w.checker, keys, holder, token).Err(); err != nil {
 			w.noteError("checker", err)
 		}
 	}
@@ -646,11 +708,15 @@ func (w *soakWorker) critical(hold *redislock.Hold, name, holder, pauses string,
 // noteError counts err under its typed kind.
 func (w *soakWorker) noteError(op string, err error) {
 	kind := "other"
-	for _, typed := range []error{redislock.ErrWaitTimeout, redislock.ErrUnavailable, redislock.ErrNotOwner, redislock.ErrNotHeld, redislock.ErrLeaseLost, context.Canceled} {
+	for _, typed := range []error{redislock.ErrWaitTimeout, redislock.ErrUnavailable, redislock.ErrNotOwner, redislock.ErrNotHeld, redislock.ErrLeaseLost, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, typed) {
 			kind = typed.Error()
 			break
 		}
+	}
+	var netErr net.Error
+	if kind == "other" && (errors.Is(err, io.EOF) || errors.As(err, &netErr)) {
+		kind = "connection lost" // the Redisson-script worker's, under faults
 	}
 	if kind == "other" {
 		fmt.Fprintf(os.Stderr, "soak child: %s: %v\n", op, err)

@@ -12,8 +12,8 @@ import (
 
 // How waiting works. A lock's waiters form a FIFO queue in Redis (see
 // scripts/lib.lua). The release that frees the lock hands it straight to the
-// live head of the queue, and tells it so with a notice on its client's notice
-// channel: the waiter holds the lock when the notice arrives, without another
+// live head of the queue, and tells it so with a notice on the lock's notice
+// channel for the waiter's client: the waiter holds the lock when the notice arrives, without another
 // round trip, and no other waiter wakes. Within a client, one Lock call per
 // owner and lock waits at a time (see enter), so a hand-over to an owner
 // belongs to exactly one call.
