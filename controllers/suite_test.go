@@ -98,7 +98,10 @@ type harness struct {
 	stop    func()
 }
 
-func startManager(t testing.TB) *harness {
+// reconcilerOption configures the reconciler as a manager flag would.
+type reconcilerOption func(*controllers.DistributedLockReconciler)
+
+func startManager(t testing.TB, opts ...reconcilerOption) *harness {
 	t.Helper()
 	h := &harness{metrics: prometheus.NewRegistry()}
 	count := func() { h.writes.Add(1) }
@@ -130,6 +133,9 @@ func startManager(t testing.TB) *harness {
 		Recorder: mgr.GetEventRecorderFor("lockwarden"),
 		Locks:    locks,
 		Metrics:  metrics,
+	}
+	for _, o := range opts {
+		o(r)
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
