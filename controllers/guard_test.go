@@ -149,6 +149,7 @@ func TestCase2LostLeaseNeverUngatesASecondPod(t *testing.T) {
 	})
 	key := ns + "/singleton"
 	eventually(t, "run-1 to be ungated", func() bool { return !gatedWith(getPod(t, run1), gateFor("singleton")) })
+	eventually(t, "run-1 to show as the holder", func() bool { return holderOf(t, lock) == "run-1" })
 	token := getLock(t, lock).Status.Holder.Token
 
 	// Redis forgets the lock (a restart without persistence, a failover).
