@@ -283,7 +283,7 @@ func TestCase4LocksSharingAKeyAcrossNamespaces(t *testing.T) {
 	nsA, nsB := newNamespace(t), newNamespace(t)
 	key := "shared-" + nsA
 	startManager(t, sharing(key, nsA, nsB))
-	pa := createPod(t, nsA, "pa", "x")
+	pa := createPod(t, nsA, "holder-in-a", "x")
 	createLock(t, nsA, "a", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
 	eventually(t, "pa to hold the key", func() bool { return holds(t, key, pa) })
 	createPod(t, nsB, "pb", "y")
@@ -295,7 +295,7 @@ func TestCase4LocksSharingAKeyAcrossNamespaces(t *testing.T) {
 	settle()
 	st := getLock(t, b).Status
 	shown := strings.Join([]string{fmt.Sprintf("%+v", st), eventText(t, nsB)}, "\n")
-	for _, secret := range []string{"pa", string(pa.UID)} {
+	for _, secret := range []string{"holder-in-a", string(pa.UID)} {
 		if strings.Contains(shown, secret) {
 			t.Fatalf("namespace B sees %q of namespace A's pod:\n%s", secret, shown)
 		}

@@ -206,12 +206,6 @@ func newNamespace(t testing.TB) string {
 
 type podOption func(*corev1.Pod)
 
-// gatedPod puts the pod behind the lock's scheduling gate, as a guarded
-// CronJob's pod template would.
-func gatedPod(p *corev1.Pod) {
-	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: locksv1.SchedulingGate}}
-}
-
 // boundPod binds the pod to a node, so deleting it is graceful: it keeps
 // existing with a deletionTimestamp, as until a kubelet confirms.
 func boundPod(p *corev1.Pod) { p.Spec.NodeName = "node-1" }
