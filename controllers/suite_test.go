@@ -96,12 +96,22 @@ type harness struct {
 	writes  atomic.Int64 // API writes by the controller's client
 	metrics *prometheus.Registry
 	stop    func()
+	// r is the reconciler, for tests that drive it directly; cache is the
+	// manager's cached client, which r reads through.
+	r     *controllers.DistributedLockReconciler
+	cache client.Client
 }
 
 // reconcilerOption configures the reconciler as a manager flag would.
 type reconcilerOption func(*controllers.DistributedLockReconciler)
 
 func startManager(t testing.TB, opts ...reconcilerOption) *harness {
+	t.Helper()
+	return startManagerOn(t, redisAddr, opts...)
+}
+
+// startManagerOn starts a manager using the redis-server at addr.
+func startManagerOn(t testing.TB, addr string, opts ...reconcilerOption) *harness {
 	t.Helper()
 	h := &harness{metrics: prometheus.NewRegistry()}
 	count := func() { h.writes.Add(1) }
@@ -122,7 +132,7 @@ func startManager(t testing.TB, opts ...reconcilerOption) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	locks := controllers.NewLockClients(rdb, ctrl.Log, nil)
 	metrics, err := controllers.NewMetrics(h.metrics)
 	if err != nil {
@@ -140,6 +150,7 @@ func startManager(t testing.TB, opts ...reconcilerOption) *harness {
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
+	h.r, h.cache = r, mgr.GetClient()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
