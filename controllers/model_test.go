@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,7 +37,8 @@ import (
 //     locks that select it;
 //   - no holder in Redis is a pod that has stopped or is gone.
 //
-// LOCKWARDEN_MODEL_STEPS sets the number of steps (default 10,000), and
+// LOCKWARDEN_MODEL_STEPS sets the number of steps (default 10,000, shared
+// among three independent worlds that run in parallel), and
 // LOCKWARDEN_MODEL_SEED the seed (default: the time, logged).
 func TestModel(t *testing.T) {
 	steps := 10000
@@ -53,16 +55,30 @@ func TestModel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("seed %d (LOCKWARDEN_MODEL_SEED=%d reproduces this run)", seed, seed)
-
-	w := newWorld(t, seed)
-	start := time.Now()
-	for i := range steps {
-		what := w.step()
-		w.settle(what)
-		w.check(i, what)
+	// The worlds run side by side: a step mostly waits on the API server.
+	const worlds = 3
+	for n := range worlds {
+		t.Run(fmt.Sprintf("world-%d", n), func(t *testing.T) {
+			t.Parallel()
+			seed := seed + uint64(n)
+			t.Logf("seed %d (LOCKWARDEN_MODEL_SEED=%d reproduces this world as world-0)", seed, seed)
+			w := newWorld(t, seed)
+			start := time.Now()
+			mine := steps / worlds
+			if n < steps%worlds {
+				mine++
+			}
+			for i := range mine {
+				what := w.step()
+				w.settle(what)
+				if i%100 == 0 {
+					w.verifyCache()
+				}
+				w.check(i, what)
+			}
+			t.Logf("%d steps in %v: %v", mine, time.Since(start).Round(time.Millisecond), w.counts)
+		})
 	}
-	t.Logf("%d steps in %v: %v", steps, time.Since(start).Round(time.Millisecond), w.counts)
 }
 
 // world is the model: the cluster as the test plays kubelet, scheduler and
@@ -86,8 +102,11 @@ type world struct {
 	gates map[types.UID][]string
 	// operator is a plain client that takes leases away in Redis.
 	operator *redislock.Client
-	// podsNow and locksNow are the API server's pods and locks of the
-	// model, read when the cache last caught up with them.
+	// expect are the writes the manager's cache must show before the
+	// model reads it.
+	expect *expectations
+	// podsNow and locksNow are the model's pods and locks, read when the
+	// cache last caught up with every write.
 	podsNow  []corev1.Pod
 	locksNow []locksv1.DistributedLock
 }
@@ -112,6 +131,7 @@ func newWorld(t *testing.T, seed uint64) *world {
 		t: t, ctx: context.Background(), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		redis: redistest.Start(t), counts: map[string]int{},
 		ungatedFor: map[types.UID]map[string]string{}, gates: map[types.UID][]string{},
+		expect: newExpectations(),
 	}
 	w.nss = []string{newNamespace(t), newNamespace(t)}
 	w.shared = "shared-" + w.nss[0]
@@ -131,7 +151,7 @@ func newWorld(t *testing.T, seed uint64) *world {
 }
 
 func (w *world) startManager() {
-	w.h = startManagerOn(w.t, w.redis.Addr, sharing(w.shared, w.nss...))
+	w.h = startManagerOn(w.t, managerConfig{redisAddr: w.redis.Addr, namespaces: w.nss, observe: w.expect.wrote}, sharing(w.shared, w.nss...))
 }
 
 func (w *world) lockClient() *redislock.Client {
@@ -155,6 +175,7 @@ func (w *world) createLock(l *modelLock, key string) {
 	if err := k8s.Create(w.ctx, lock); err != nil {
 		w.t.Fatal(err)
 	}
+	w.expect.created(lock)
 	l.key, l.exists = key, true
 }
 
@@ -211,6 +232,7 @@ func (w *world) step() string {
 				return false
 			}
 			w.must(client.IgnoreNotFound(k8s.Delete(w.ctx, p)))
+			w.expect.deleted(p)
 			return true
 		}},
 		{7, "containers stop after deletion", func() bool {
@@ -270,8 +292,10 @@ func (w *world) step() string {
 			l.groups = modelGroups[w.rng.IntN(len(modelGroups))]
 			lock := &locksv1.DistributedLock{}
 			w.must(k8s.Get(w.ctx, client.ObjectKey{Namespace: l.ns, Name: l.name}, lock))
+			patch := client.MergeFrom(lock.DeepCopy())
 			lock.Spec.Candidates = groupSelector(l.groups)
-			w.must(k8s.Update(w.ctx, lock))
+			w.must(k8s.Patch(w.ctx, lock, patch))
+			w.expect.wrote(lock)
 			return true
 		}},
 		{1, "lock deleted (to change its key)", func() bool {
@@ -279,7 +303,9 @@ func (w *world) step() string {
 			if !l.exists {
 				return false
 			}
-			w.must(k8s.Delete(w.ctx, &locksv1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: l.ns, Name: l.name}}))
+			lock := &locksv1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: l.ns, Name: l.name}}
+			w.must(k8s.Delete(w.ctx, lock))
+			w.expect.deleted(lock)
 			return true
 		}},
 		{2, "lock recreated with another key", func() bool {
@@ -336,6 +362,7 @@ func (w *world) createPod(pods []corev1.Pod) bool {
 		}
 	}
 	w.must(k8s.Create(w.ctx, pod))
+	w.expect.created(pod)
 	w.gates[pod.UID] = gates
 	if len(gates) == 0 {
 		w.bindAndRun(pod)
@@ -368,11 +395,16 @@ func (w *world) setContainers(p *corev1.Pod, phase corev1.PodPhase, state corev1
 	}
 	latest.Status.Phase = phase
 	latest.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "busybox", State: state}}
-	w.must(client.IgnoreNotFound(k8s.Status().Update(w.ctx, latest)))
+	if err := k8s.Status().Update(w.ctx, latest); err != nil {
+		w.must(client.IgnoreNotFound(err))
+		return
+	}
+	w.expect.wrote(latest)
 }
 
 func (w *world) forceDelete(p *corev1.Pod) {
 	w.must(client.IgnoreNotFound(k8s.Delete(w.ctx, p, client.GracePeriodSeconds(0))))
+	w.expect.deleted(p)
 }
 
 func (w *world) must(err error) {
@@ -390,7 +422,18 @@ func (w *world) settle(after string) {
 		w.waitForCache()
 		before := w.h.writes.Load()
 		quiet := true
+		settled := map[string]bool{}
 		for _, l := range w.locksNow {
+			// One reconcile settles every lock naming a key, but for
+			// its own finalizer.
+			key := l.Spec.Key
+			if key == "" {
+				key = l.Namespace + "/" + l.Name
+			}
+			if settled[key] && l.DeletionTimestamp.IsZero() && slices.Contains(l.Finalizers, locksv1.Finalizer) {
+				continue
+			}
+			settled[key] = true
 			res, err := w.h.r.Reconcile(w.ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&l)})
 			if err != nil || res.RequeueAfter > 0 {
 				quiet = false
@@ -425,36 +468,146 @@ func (w *world) syncLocks() {
 	}
 }
 
-// waitForCache waits until the manager's cache shows every pod and lock of
-// the model at the version the API server has.
+// waitForCache waits until the manager's cache shows every write the test
+// and the controller made, and reads the model's pods and locks from it.
 func (w *world) waitForCache() {
-	for i := 0; ; i++ {
-		if w.cacheCurrent() {
-			return
-		}
-		if i > 2000 {
+	w.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !w.expect.met(w.ctx, w.h.cache) {
+		if time.Now().After(deadline) {
 			w.t.Fatal("the cache did not catch up")
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	var pods corev1.PodList
+	var locks locksv1.DistributedLockList
+	w.podsNow, w.locksNow = nil, nil
+	for _, ns := range w.nss {
+		w.must(w.h.cache.List(w.ctx, &pods, client.InNamespace(ns)))
+		w.must(w.h.cache.List(w.ctx, &locks, client.InNamespace(ns)))
+		w.podsNow = append(w.podsNow, pods.Items...)
+		w.locksNow = append(w.locksNow, locks.Items...)
 	}
 }
 
-func (w *world) cacheCurrent() bool {
-	var pods, cachedPods corev1.PodList
-	var locks, cachedLocks locksv1.DistributedLockList
-	w.must(k8s.List(w.ctx, &pods))
-	w.must(k8s.List(w.ctx, &locks))
-	w.must(w.h.cache.List(w.ctx, &cachedPods))
-	w.must(w.h.cache.List(w.ctx, &cachedLocks))
-	inModel := func(o client.Object) bool { return !slices.Contains(w.nss, o.GetNamespace()) }
-	pods.Items = slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return inModel(&p) })
-	cachedPods.Items = slices.DeleteFunc(cachedPods.Items, func(p corev1.Pod) bool { return inModel(&p) })
-	locks.Items = slices.DeleteFunc(locks.Items, func(l locksv1.DistributedLock) bool { return inModel(&l) })
-	cachedLocks.Items = slices.DeleteFunc(cachedLocks.Items, func(l locksv1.DistributedLock) bool { return inModel(&l) })
-	if versions(&pods) != versions(&cachedPods) || versions(&locks) != versions(&cachedLocks) {
-		return false
+// verifyCache checks that the cache, once the expectations are met, shows
+// what the API server has: that the expectations miss no write. The
+// controller's workers may still be writing, so it retries for a while.
+func (w *world) verifyCache() {
+	w.t.Helper()
+	var api, cached string
+	for range 100 {
+		var pods []corev1.Pod
+		var locks []locksv1.DistributedLock
+		for _, ns := range w.nss {
+			var p corev1.PodList
+			var l locksv1.DistributedLockList
+			w.must(k8s.List(w.ctx, &p, client.InNamespace(ns)))
+			w.must(k8s.List(w.ctx, &l, client.InNamespace(ns)))
+			pods, locks = append(pods, p.Items...), append(locks, l.Items...)
+		}
+		api = versions(&corev1.PodList{Items: pods}) + " " + versions(&locksv1.DistributedLockList{Items: locks})
+		w.waitForCache()
+		cached = versions(&corev1.PodList{Items: w.podsNow}) + " " + versions(&locksv1.DistributedLockList{Items: w.locksNow})
+		if api == cached {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	w.podsNow, w.locksNow = pods.Items, locks.Items
+	w.t.Fatalf("the cache, with every expected write seen, differs from the API server:\ncache %s\napi   %s", cached, api)
+}
+
+// expectations are the writes the cache must show: a resourceVersion at
+// least as new as the write's, or, after a delete, the object gone or
+// terminating.
+type expectations struct {
+	mu      sync.Mutex
+	minRV   map[expectKey]uint64
+	present map[expectKey]bool // created by the test: must be in the cache
+	gone    map[expectKey]bool
+}
+
+type expectKey struct {
+	kind string
+	key  client.ObjectKey
+}
+
+func newExpectations() *expectations {
+	return &expectations{minRV: map[expectKey]uint64{}, present: map[expectKey]bool{}, gone: map[expectKey]bool{}}
+}
+
+func keyOf(obj client.Object) (expectKey, bool) {
+	switch obj.(type) {
+	case *corev1.Pod:
+		return expectKey{"pod", client.ObjectKeyFromObject(obj)}, true
+	case *locksv1.DistributedLock:
+		return expectKey{"lock", client.ObjectKeyFromObject(obj)}, true
+	}
+	return expectKey{}, false
+}
+
+// wrote records a write whose result obj holds.
+func (e *expectations) wrote(obj client.Object) {
+	k, ok := keyOf(obj)
+	rv, err := strconv.ParseUint(obj.GetResourceVersion(), 10, 64)
+	if !ok || err != nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.minRV[k] = max(e.minRV[k], rv)
+}
+
+func (e *expectations) created(obj client.Object) {
+	e.wrote(obj)
+	if k, ok := keyOf(obj); ok {
+		e.mu.Lock()
+		e.present[k] = true
+		e.mu.Unlock()
+	}
+}
+
+func (e *expectations) deleted(obj client.Object) {
+	if k, ok := keyOf(obj); ok {
+		e.mu.Lock()
+		e.gone[k] = true
+		delete(e.present, k)
+		e.mu.Unlock()
+	}
+}
+
+// met reports whether the cache shows every expected write, and forgets
+// the ones it shows.
+func (e *expectations) met(ctx context.Context, cache client.Reader) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	get := func(k expectKey) (client.Object, bool) {
+		var obj client.Object = &corev1.Pod{}
+		if k.kind == "lock" {
+			obj = &locksv1.DistributedLock{}
+		}
+		err := cache.Get(ctx, k.key, obj)
+		return obj, err == nil
+	}
+	for k, rv := range e.minRV {
+		obj, found := get(k)
+		if !found && e.present[k] {
+			return false
+		}
+		if found {
+			if got, _ := strconv.ParseUint(obj.GetResourceVersion(), 10, 64); got < rv {
+				return false
+			}
+		}
+		delete(e.minRV, k)
+		delete(e.present, k)
+	}
+	for k := range e.gone {
+		if obj, found := get(k); found && obj.GetDeletionTimestamp() == nil {
+			return false
+		}
+		delete(e.gone, k)
+	}
 	return true
 }
 
@@ -490,11 +643,34 @@ func isStopped(p *corev1.Pod) bool {
 }
 
 // check asserts the invariants after step i.
+//
+// The safety invariants must hold at every instant, and fail at once. The
+// others hold once the locks have settled; the controller's own workers may
+// still act on a late event (a lease loss the watchdog noticed after the
+// step), so a first failure of those settles the locks again and checks once
+// more before failing.
 func (w *world) check(i int, what string) {
+	w.t.Helper()
+	if msg := w.checkOnce(i, what); msg != "" {
+		w.settle("a failed check")
+		if msg := w.checkOnce(i, what); msg != "" {
+			w.t.Fatalf("step %d (%s): %s", i, what, msg)
+		}
+	}
+}
+
+// checkOnce fails the test on a broken safety invariant, and returns the
+// first broken consistency invariant, or "".
+func (w *world) checkOnce(i int, what string) (inconsistent string) {
 	w.t.Helper()
 	fail := func(format string, args ...any) {
 		w.t.Helper()
 		w.t.Fatalf("step %d (%s): %s", i, what, fmt.Sprintf(format, args...))
+	}
+	soft := func(format string, args ...any) {
+		if inconsistent == "" {
+			inconsistent = fmt.Sprintf(format, args...)
+		}
 	}
 	pods := w.pods()
 	byUID := map[types.UID]*corev1.Pod{}
@@ -524,8 +700,8 @@ func (w *world) check(i int, what string) {
 	}
 
 	for _, p := range pods {
-		// A gate lifted since the last step: the lock lifting it exists,
-		// and the pod holds its key.
+		// A gate lifted since the last step: the lock lifting it exists.
+		// The pod is now that key's guarded pod until it stops.
 		for _, name := range w.gates[p.UID] {
 			if hasPodGate(&p, gateFor(name)) || w.ungatedFor[p.UID][name] != "" {
 				continue
@@ -533,9 +709,6 @@ func (w *world) check(i int, what string) {
 			l := lockByName[p.Namespace+"/"+name]
 			if l == nil {
 				fail("pod %s lost the gate of %s, which does not exist", p.Name, name)
-			}
-			if uid, _ := holderOfKey(l.key); uid != p.UID && !isStopped(&p) {
-				fail("pod %s was ungated by %s, but %s is held by %q", p.Name, name, l.key, uid)
 			}
 			if w.ungatedFor[p.UID] == nil {
 				w.ungatedFor[p.UID] = map[string]string{}
@@ -550,17 +723,18 @@ func (w *world) check(i int, what string) {
 			}
 			l := lockByName[p.Namespace+"/"+name]
 			if l == nil {
-				fail("pod %s carries the marks of %s, which does not exist", p.Name, name)
+				soft("pod %s carries the marks of %s, which does not exist", p.Name, name)
+				continue
 			}
 			if isStopped(&p) {
 				continue
 			}
 			uid, token := holderOfKey(l.key)
 			if uid != p.UID {
-				fail("pod %s carries the marks of %s, but %s is held by %q", p.Name, name, l.key, uid)
+				soft("pod %s carries the marks of %s, but %s is held by %q", p.Name, name, l.key, uid)
 			}
 			if got := p.Annotations[locksv1.TokenAnnotationPrefix+name]; got != strconv.FormatInt(token, 10) {
-				fail("pod %s has token %s for %s, Redis %d", p.Name, got, name, token)
+				soft("pod %s has token %s for %s, Redis %d", p.Name, got, name, token)
 			}
 		}
 	}
@@ -575,9 +749,16 @@ func (w *world) check(i int, what string) {
 		if isStopped(p) {
 			continue
 		}
-		for _, key := range byLock {
-			if key != released && !slices.Contains(guarded[key], p.Name) {
+		for name, key := range byLock {
+			if key == released {
+				continue
+			}
+			if !slices.Contains(guarded[key], p.Name) {
 				guarded[key] = append(guarded[key], p.Name)
+			}
+			// Grants are sticky: the pod keeps the key until it stops.
+			if holder, _ := holderOfKey(key); holder != p.UID {
+				soft("pod %s was ungated by %s and has not stopped, but %s is held by %q", p.Name, name, key, holder)
 			}
 		}
 	}
@@ -598,15 +779,17 @@ func (w *world) check(i int, what string) {
 		}
 		p := byUID[uid]
 		if p == nil {
-			fail("%s is held by %s, a pod that is gone", l.key, uid)
+			soft("%s is held by %s, a pod that is gone", l.key, uid)
+			continue
 		}
 		if isStopped(p) {
-			fail("%s is held by %s, which has stopped", l.key, p.Name)
+			soft("%s is held by %s, which has stopped", l.key, p.Name)
 		}
 		if p.Namespace == l.ns && slices.Contains(l.groups, p.Labels["group"]) && !markedBy(p, l.name) {
-			fail("%s holds %s but lacks the marks of %s, which selects it", p.Name, l.key, l.name)
+			soft("%s holds %s but lacks the marks of %s, which selects it", p.Name, l.key, l.name)
 		}
 	}
+	return inconsistent
 }
 
 func hasPodGate(p *corev1.Pod, gate string) bool {
