@@ -129,6 +129,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		{"keep grants", r.keepGrants},
 		{"grant", r.grantNext},
 		{"mark pods", r.markPods},
+		{"watch startup", r.watchStartup},
 	} {
 		if err := phase.run(ctx, s); err != nil {
 			if isRedisError(err) {
@@ -142,9 +143,9 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 	// channel, and its pod's end as a pod event. Anyone else's hold may end
 	// without an event the controller can see.
 	if s.conflict || (len(s.holders) > 0 && !s.holders[0].byController()) {
-		return ctrl.Result{RequeueAfter: redisRetry}, nil
+		s.requeue(redisRetry)
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: s.after}, nil
 }
 
 func isRedisError(err error) bool {

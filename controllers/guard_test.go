@@ -342,3 +342,49 @@ func eventText(t *testing.T, ns string) string {
 	}
 	return b.String()
 }
+
+// Case 7: a holder that does not start is reported after the lock's start
+// timeout; it keeps the lock unless the lock opts in to evicting it, and
+// then the next pod gets the lock only once it is gone.
+func TestCase7HolderThatDoesNotStart(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	run1 := createPod(t, ns, "run-1", "job", gatedBy("singleton"))
+	run2 := createPod(t, ns, "run-2", "job", gatedBy("singleton"))
+	lock := createLock(t, ns, "singleton", "job", func(l *locksv1.DistributedLock) {
+		l.Spec.StartTimeout = &metav1.Duration{Duration: time.Second}
+	})
+	eventually(t, "run-1 to be ungated", func() bool { return !gatedWith(getPod(t, run1), gateFor("singleton")) })
+	bind(t, run1)
+	setContainers(t, run1, corev1.PodPending, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff"}})
+
+	want := "run-1 has not started for 1s: ImagePullBackOff"
+	eventually(t, "the HolderStarted condition to say why", func() bool {
+		c := meta.FindStatusCondition(getLock(t, lock).Status.Conditions, "HolderStarted")
+		return c != nil && c.Status == metav1.ConditionFalse && c.Message == want
+	})
+	assertEvents(t, ns, "NotStarted")
+	if !strings.Contains(eventText(t, ns), want) {
+		t.Fatalf("no Warning Event says %q:\n%s", want, eventText(t, ns))
+	}
+	settle()
+	if !holds(t, ns+"/singleton", run1) || !gatedWith(getPod(t, run2), gateFor("singleton")) {
+		t.Fatal("a holder that did not start lost the lock, though the lock does not opt in to evicting it")
+	}
+
+	// Opting in: the controller evicts run-1, and releases the lock only
+	// once the pod is gone.
+	l := getLock(t, lock)
+	l.Spec.DeleteUnstarted = true
+	if err := k8s.Update(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "run-1 to be evicted", func() bool { return !getPod(t, run1).DeletionTimestamp.IsZero() })
+	assertEvents(t, ns, "Evicted")
+	settle()
+	if !holds(t, ns+"/singleton", run1) || !gatedWith(getPod(t, run2), gateFor("singleton")) {
+		t.Fatal("the lock was released before the evicted pod was gone")
+	}
+	forceDelete(t, run1) // the kubelet confirms
+	eventually(t, "run-2 to be ungated", func() bool { return !gatedWith(getPod(t, run2), gateFor("singleton")) })
+}

@@ -435,7 +435,9 @@ func (w *world) settle(after string) {
 			}
 			settled[key] = true
 			res, err := w.h.r.Reconcile(w.ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&l)})
-			if err != nil || res.RequeueAfter > 0 {
+			// A look asked for soon means a retry (Redis failed, a
+			// conflict); a later one is a holder's start deadline.
+			if err != nil || (res.RequeueAfter > 0 && res.RequeueAfter <= 2*time.Second) {
 				quiet = false
 			}
 		}

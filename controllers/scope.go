@@ -50,6 +50,15 @@ type scope struct {
 	// somebody else holds the key in Redis meanwhile.
 	grantee  *corev1.Pod
 	conflict bool
+	// after is how soon the key must be looked at again, or 0.
+	after time.Duration
+}
+
+// requeue asks for another look at the key within d.
+func (s *scope) requeue(d time.Duration) {
+	if s.after == 0 || d < s.after {
+		s.after = d
+	}
 }
 
 // holder is an owner of the key in Redis. pod is set when the owner ID

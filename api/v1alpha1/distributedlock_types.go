@@ -47,6 +47,10 @@ const (
 	// lock to has not stopped, but somebody else holds the key in Redis.
 	// Nobody else is granted the lock until that pod stops.
 	ConditionConflict = "Conflict"
+	// ConditionHolderStarted is False while the holder pod, granted the lock
+	// by the controller, has not started within spec.startTimeout. It is
+	// only set while a pod of this namespace holds the lock.
+	ConditionHolderStarted = "HolderStarted"
 )
 
 // DistributedLockSpec is the desired lock.
@@ -85,6 +89,26 @@ type DistributedLockSpec struct {
 	// Candidates selects the pods, in the lock's namespace, that may hold
 	// the lock. They are granted it one at a time, oldest pod first.
 	Candidates PodSelector `json:"candidates"`
+
+	// StartTimeout bounds how long a pod granted the lock may take to start:
+	// to be Running with every container running. A holder that has not
+	// started by then (Unschedulable, ImagePullBackOff, a crash loop) is
+	// reported by the HolderStarted condition and a Warning Event, and it
+	// keeps the lock unless DeleteUnstarted is set. Between 1s and 24h.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="spec.startTimeout must be between 1s and 24h"
+	StartTimeout *metav1.Duration `json:"startTimeout,omitempty"`
+
+	// DeleteUnstarted, if true, has the controller evict a holder it
+	// granted the lock to that has not started within StartTimeout; the
+	// lock is released once the pod is gone, and granted to the next
+	// candidate. The default, false, only reports such a holder: it keeps
+	// the lock, since the controller cannot tell a slow start from a stuck
+	// one.
+	// +optional
+	DeleteUnstarted bool `json:"deleteUnstarted,omitempty"`
 }
 
 // PodSelector is a label selector for pods, as in a Deployment's
