@@ -33,9 +33,7 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
-// redisRetry is how soon a lock is looked at again after Redis failed, and
-// how often a lock held by someone the controller cannot watch (an in-pod
-// client, another cluster) is checked for release.
+// redisRetry is how soon a lock is looked at again after Redis failed.
 const redisRetry = 2 * time.Second
 
 // DistributedLockReconciler grants each Redis key named by DistributedLocks
@@ -52,8 +50,8 @@ type DistributedLockReconciler struct {
 	// Keys says which keys outside its own a namespace may use.
 	Keys KeyPolicy
 
-	// lost carries the locks whose lease the controller lost, so they are
-	// reconciled at once.
+	// lost carries the locks whose lease the controller lost, or whose key
+	// Redis published a release of, so they are reconciled at once.
 	lost chan event.GenericEvent
 	// stopped closes when the manager stops, so nothing blocks on lost.
 	stopped <-chan struct{}
@@ -140,10 +138,11 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 	}
 	r.computeStatuses(s)
 	// A controller grant needs no polling: its loss arrives on the lost
-	// channel, and its pod's end as a pod event. Anyone else's hold may end
-	// without an event the controller can see.
-	if s.conflict || (len(s.holders) > 0 && !s.holders[0].byController()) {
-		s.requeue(redisRetry)
+	// channel, and its pod's end as a pod event. Anyone else's hold ends by
+	// a release, which Redis publishes (watchReleases), or by its lease
+	// running out, which it does not.
+	if h := s.holders; len(h) > 0 && (s.conflict || h[0].pod == nil || !h[0].byController()) {
+		s.requeue(pollAfter(s.info.TTL))
 	}
 	return ctrl.Result{RequeueAfter: s.after}, nil
 }

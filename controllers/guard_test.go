@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -166,16 +167,16 @@ func TestCase2LostLeaseNeverUngatesASecondPod(t *testing.T) {
 		t.Fatalf("status after the loss = %+v, want run-1 with a new token above %d", st.Holder, token)
 	}
 
-	// Someone else takes the lock in Redis before the controller can.
-	if _, err := operator.ForceRelease(context.Background(), key, string(run1.UID)); err != nil {
-		t.Fatal(err)
-	}
-	outsider := lockClient(t, "outsider")
-	m, err := outsider.NewMutex(key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.TryLock(context.Background(), 0); err != nil {
+	// Someone else takes the lock in Redis, in one step, so the controller
+	// cannot take it back first: Redisson's layout, a hash with the owner.
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	if _, err := rdb.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
+		p.Del(context.Background(), key)
+		p.HSet(context.Background(), key, "outsider:1", 1)
+		p.PExpire(context.Background(), key, time.Minute)
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	assertEvents(t, ns, "Conflict")
@@ -387,4 +388,67 @@ func TestCase7HolderThatDoesNotStart(t *testing.T) {
 	}
 	forceDelete(t, run1) // the kubelet confirms
 	eventually(t, "run-2 to be ungated", func() bool { return !gatedWith(getPod(t, run2), gateFor("singleton")) })
+}
+
+// Case 8: a lock freed outside the controller wakes it through Redis's
+// release message, not a poll.
+func TestCase8ReleaseOutsideWakesTheController(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	app := createPod(t, ns, "app", "api")
+	standby := createPod(t, ns, "standby", "api")
+	key := ns + "/leader"
+	inPod := lockClient(t, string(app.UID))
+	m, err := inPod.NewMutex(key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Lock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lock := createLock(t, ns, "leader", "api")
+	eventually(t, "the in-pod hold to show", func() bool { return holderOf(t, lock) == "app" })
+	time.Sleep(2500 * time.Millisecond) // past any poll the first reconciles set
+
+	// The application lets go of the lock itself, as on a step-down.
+	released := time.Now()
+	if _, err := inPod.ForceRelease(context.Background(), key, string(app.UID)); err != nil {
+		t.Fatal(err)
+	}
+	// The controller grants it to the oldest candidate, the same pod,
+	// now on its behalf.
+	eventually(t, "the controller to grant the lock", func() bool { return holds(t, key, app) || holds(t, key, standby) })
+	if d := time.Since(released); d > time.Second {
+		t.Fatalf("the lock was granted %v after its release, want well under a second", d)
+	}
+}
+
+// Finalizer: deleting a lock releases what it holds even when its status
+// never recorded it.
+func TestFinalizerReleasesWithEmptyStatus(t *testing.T) {
+	first := startManager(t)
+	ns := newNamespace(t)
+	a := createPod(t, ns, "a", "web")
+	lock := createLock(t, ns, "leader", "web")
+	key := ns + "/leader"
+	eventually(t, "pod a to hold the lock", func() bool { return holds(t, key, a) && holderOf(t, lock) == "a" })
+	first.stop()
+
+	// The status is lost (say, its write failed before the manager died).
+	l := getLock(t, lock)
+	l.Status = locksv1.DistributedLockStatus{}
+	if err := k8s.Status().Update(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Delete(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	startManager(t)
+	eventually(t, "the lock resource to go", func() bool {
+		return apierrors.IsNotFound(k8s.Get(context.Background(), client.ObjectKeyFromObject(lock), &locksv1.DistributedLock{}))
+	})
+	if inspect(t, key).Held() {
+		t.Fatal("the lock is still held in Redis after its resource, with an empty status, was deleted")
+	}
+	eventually(t, "pod a to be unmarked", func() bool { return !marked(getPod(t, a)) })
 }

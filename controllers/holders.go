@@ -105,13 +105,22 @@ func (r *DistributedLockReconciler) releasable(s *scope, h holder) (name, namesp
 // the same pod; if somebody else took it, the locks report a conflict and
 // nobody else is granted it.
 func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) error {
-	if g := r.grants.get(s.key); g != nil && g.hold.Err() != nil {
-		r.grants.drop(s.key, g.podUID)
-		if p := s.byUID[g.podUID]; p != nil && !released(g.hold) {
-			log.FromContext(ctx).Info("lost a lock held for a pod", "key", s.key, "pod", p.Name, "cause", g.hold.Err().Error())
-			r.eventf(s, p.Namespace, corev1.EventTypeWarning, "Lost", "Lost %s held for pod %s: %v", s.key, p.Name, redactLoss(g.hold.Err()))
-			for _, l := range s.locksIn(p.Namespace) {
-				r.Metrics.transition(l, "lost")
+	// A grant this process holds is lost if its lease ended, or if Redis no
+	// longer shows it (the watchdog may not have noticed yet).
+	if g := r.grants.get(s.key); g != nil {
+		h, held := s.heldBy(g.podUID)
+		if g.hold.Err() != nil || !held || !h.byController() {
+			r.grants.drop(s.key, g.podUID)
+			if p := s.byUID[g.podUID]; p != nil && !released(g.hold) {
+				cause := redislock.ErrNotOwner
+				if err := g.hold.Err(); err != nil {
+					cause = err
+				}
+				log.FromContext(ctx).Info("lost a lock held for a pod", "key", s.key, "pod", p.Name, "cause", cause.Error())
+				r.eventf(s, p.Namespace, corev1.EventTypeWarning, "Lost", "Lost %s held for pod %s: %s", s.key, p.Name, redactLoss(cause))
+				for _, l := range s.locksIn(p.Namespace) {
+					r.Metrics.transition(l, "lost")
+				}
 			}
 		}
 	}

@@ -21,7 +21,8 @@ import (
 const keyIndex = ".lockwarden.key"
 
 // SetupWithManager registers the controller: it watches DistributedLocks,
-// the pods they may concern, and the leases it loses.
+// the pods they may concern, the leases it loses and the releases Redis
+// publishes.
 func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
@@ -34,6 +35,9 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		close(stopped)
 		return nil
 	})); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(r.watchReleases)); err != nil {
 		return err
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &locksv1.DistributedLock{}, keyIndex, func(o client.Object) []string {

@@ -316,8 +316,9 @@ spec:
 	return nil
 }
 
-// podColumns shows each pod's gates, holder label and phase.
-var podColumns = "custom-columns=NAME:.metadata.name,GATES:.spec.schedulingGates[*].name,HOLDER:.metadata.labels.lockwarden\\.dev/holder,PHASE:.status.phase"
+// podColumns shows each pod's gates, the nightly lock's holder label and
+// phase.
+var podColumns = "custom-columns=NAME:.metadata.name,GATES:.spec.schedulingGates[*].name,HOLDS-NIGHTLY:.metadata.labels.holder\\.lockwarden\\.dev/nightly,PHASE:.status.phase"
 
 func runPod(name string) string {
 	return fmt.Sprintf(`
