@@ -1,14 +1,21 @@
 // Package controllers holds the DistributedLock controller.
+//
+// The reconciler is shaped like cluster-api's: each reconcile builds a scope
+// once (scope.go: the locks naming one Redis key, their candidate pods, the
+// holders as Redis and the pods show them, and the controller's grants), runs
+// named phases over it (holders.go: release and keep grants; grant.go: grant
+// the next candidate; marks.go: the pods' marks and gates), and computes the
+// status from the scope at the end (status.go). The unit of work is the key,
+// not the resource: every lock naming a key agrees on one holder and one
+// waiting order, so one reconcile settles them all.
 package controllers
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -20,39 +27,37 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
-// redisRetry is how soon a lock is looked at again after Redis failed, and
-// how often a lock held by someone the controller cannot watch (an in-pod
-// client, another cluster) is checked for release.
+// redisRetry is how soon a lock is looked at again after Redis failed.
 const redisRetry = 2 * time.Second
 
-// DistributedLockReconciler grants each DistributedLock to one candidate pod
-// at a time and holds it in Redis on the pod's behalf.
+// DistributedLockReconciler grants each Redis key named by DistributedLocks
+// to one candidate pod at a time and holds it in Redis on the pod's behalf.
 type DistributedLockReconciler struct {
 	client.Client
-	Recorder record.EventRecorder
-	Locks    *LockClients
-	Metrics  *Metrics
+	// APIReader reads past the cache. Before the controller ungates a pod,
+	// it confirms there that no other pod still holds a grant of the key,
+	// so a stale cache cannot let two guarded pods run.
+	APIReader client.Reader
+	Recorder  record.EventRecorder
+	Locks     *LockClients
+	Metrics   *Metrics
+	// Keys says which keys outside its own a namespace may use.
+	Keys KeyPolicy
 
-	// lost carries the locks whose lease the controller lost, so they are
-	// reconciled at once.
+	// lost carries the locks whose lease the controller lost, or whose key
+	// Redis published a release of, so they are reconciled at once.
 	lost chan event.GenericEvent
 	// stopped closes when the manager stops, so nothing blocks on lost.
 	stopped <-chan struct{}
 
-	mu   sync.Mutex
-	held map[types.NamespacedName]*grant // leases the controller holds
-}
-
-// grant is a lease the controller holds for a pod.
-type grant struct {
-	mutex  *redislock.Mutex
-	lease  *redislock.Hold
-	podUID types.UID
+	grants grants
+	keys   keyMutex
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.dev,resources=distributedlocks,verbs=get;list;watch;patch
@@ -61,25 +66,23 @@ type grant struct {
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
-// Reconcile loads the lock, defers its status patch, and dispatches.
-func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
+// Reconcile settles the key the lock names: it loads the scope, runs the
+// phases, and writes the status of every lock naming the key.
+func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	lock := &locksv1.DistributedLock{}
 	if err := r.Get(ctx, req.NamespacedName, lock); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.forget(req.NamespacedName)
 			r.Metrics.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	before := lock.DeepCopy()
-	defer func() {
-		if err := r.patchStatus(ctx, before, lock); err != nil {
-			retErr = kerrors.NewAggregate([]error{retErr, err})
-		}
-	}()
+	key := effectiveKey(lock)
+	// One reconcile per key at a time: locks sharing a key are settled
+	// together, and two workers must not grant it to two pods.
+	defer r.keys.lock(key)()
 
 	if !lock.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, lock)
+		return r.reconcileDelete(ctx, lock, key)
 	}
 	if !controllerutil.ContainsFinalizer(lock, locksv1.Finalizer) {
 		patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -88,96 +91,93 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			return ctrl.Result{}, err
 		}
 	}
-	return r.reconcileLock(ctx, lock)
+	if !r.Keys.Permits(lock.Namespace, key) {
+		before := lock.DeepCopy()
+		lock.Status.Key = key
+		lock.Status.Holder, lock.Status.Waiting, lock.Status.WaitingCount = nil, nil, 0
+		setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
+			"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", key, lock.Namespace))
+		meta.RemoveStatusCondition(&lock.Status.Conditions, locksv1.ConditionHeld)
+		meta.RemoveStatusCondition(&lock.Status.Conditions, locksv1.ConditionConflict)
+		return ctrl.Result{}, r.patchStatus(ctx, before, lock)
+	}
+
+	s, err := r.loadScope(ctx, key)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	result, err := r.runPhases(ctx, s)
+	return result, kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
 }
 
-// reconcileLock brings Redis, the pods and the status in line: it releases
-// holders whose pods terminated, grants the lock to the next candidate, and
-// marks the holder pod.
-func (r *DistributedLockReconciler) reconcileLock(ctx context.Context, lock *locksv1.DistributedLock) (ctrl.Result, error) {
-	lock.Status.Key = effectiveKey(lock)
-	locks, err := r.Locks.For(termsOf(lock))
-	if err != nil {
-		setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "InvalidLeaseTerms", err.Error())
-		return ctrl.Result{}, nil // only a new spec can fix it
+// runPhases runs the phases in order. A Redis failure stops them and is
+// shown in the Ready condition; the statuses are still written.
+func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if s.redisErr != nil {
+		return r.redisFailed(ctx, s, s.redisErr)
 	}
-	pods, err := r.candidates(ctx, lock)
-	if err != nil {
-		return ctrl.Result{}, err
+	if s.notALock {
+		return ctrl.Result{}, nil // only a new key can fix it
 	}
-	info, err := locks.Inspect(ctx, lock.Status.Key)
-	if err != nil {
-		setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable", err.Error())
-		return ctrl.Result{RequeueAfter: redisRetry}, nil
-	}
-	setCondition(lock, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the spec is valid")
-
-	r.checkLost(ctx, lock)
-	holders, err := r.resolveHolders(ctx, lock, info)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if holders, err = r.releaseTerminated(ctx, lock, locks, holders); err != nil {
-		return r.redisFailed(lock, err)
-	}
-	if len(holders) == 0 {
-		if holders, err = r.grantNext(ctx, lock, locks, pods); err != nil {
-			return r.redisFailed(lock, err)
+	for _, phase := range []struct {
+		name string
+		run  func(context.Context, *scope) error
+	}{
+		{"release stopped holders", r.releaseStopped},
+		{"keep grants", r.keepGrants},
+		{"grant", r.grantNext},
+		{"mark pods", r.markPods},
+		{"watch startup", r.watchStartup},
+	} {
+		if err := phase.run(ctx, s); err != nil {
+			if isRedisError(err) {
+				return r.redisFailed(ctx, s, err)
+			}
+			return ctrl.Result{}, fmt.Errorf("%s: %w", phase.name, err)
 		}
-	} else if err := r.adopt(ctx, lock, locks, holders[0]); err != nil {
-		return r.redisFailed(lock, err)
 	}
-	if err := r.markPods(ctx, lock, holders); err != nil {
-		return ctrl.Result{}, err
+	r.computeStatuses(s)
+	// A controller grant needs no polling: its loss arrives on the lost
+	// channel, and its pod's end as a pod event. Anyone else's hold ends by
+	// a release, which Redis publishes (watchReleases), or by its lease
+	// running out, which it does not.
+	if h := s.holders; len(h) > 0 && (s.conflict || h[0].pod == nil || !h[0].byController()) {
+		s.requeue(pollAfter(s.info.TTL))
 	}
-	r.updateStatus(lock, holders, pods)
-
-	// A controller-granted lease needs no polling: its loss arrives on the
-	// lost channel, and its pod's end as a pod event. Anyone else's hold
-	// may end without an event the controller can see.
-	if len(holders) > 0 && !holders[0].grantedByController() {
-		return ctrl.Result{RequeueAfter: redisRetry}, nil
-	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: s.after}, nil
 }
 
-func (r *DistributedLockReconciler) redisFailed(lock *locksv1.DistributedLock, err error) (ctrl.Result, error) {
-	if errors.Is(err, redislock.ErrUnavailable) || errors.Is(err, redislock.ErrClosed) {
-		setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable", err.Error())
-		return ctrl.Result{RequeueAfter: redisRetry}, nil
-	}
-	return ctrl.Result{}, err
+func isRedisError(err error) bool {
+	return errors.Is(err, redislock.ErrUnavailable) || errors.Is(err, redislock.ErrClosed)
 }
 
-// reconcileDelete releases the controller's hold in Redis, unmarks the
-// holder pod and lets the resource go.
-func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *locksv1.DistributedLock) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(lock, locksv1.Finalizer) {
-		return ctrl.Result{}, nil
-	}
-	locks, err := r.Locks.For(termsOf(lock))
-	if err == nil && lock.Status.Key != "" && lock.Status.Holder != nil && lock.Status.Holder.GrantedByController {
-		if _, err := locks.ForceRelease(ctx, lock.Status.Key, lock.Status.Holder.PodUID); err != nil {
-			return r.redisFailed(lock, err)
-		}
-		r.Recorder.Eventf(lock, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", lock.Status.Key, lock.Status.Holder.PodName)
-		r.Metrics.transition(lock, "released")
-	}
-	r.forget(client.ObjectKeyFromObject(lock))
-	if err := r.markPods(ctx, lock, nil); err != nil {
+// redisFailed logs the Redis error and shows a redacted one: a condition
+// never echoes what Redis said, which could tell a tenant about keys that
+// are not theirs.
+func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, err error) (ctrl.Result, error) {
+	if !isRedisError(err) {
 		return ctrl.Result{}, err
 	}
-	patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	controllerutil.RemoveFinalizer(lock, locksv1.Finalizer)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, lock, patch))
+	log.FromContext(ctx).Error(err, "Redis failed", "key", s.key)
+	for _, l := range s.locks {
+		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
+			"Redis did not answer, or refused the lock's commands; the manager's log has the error")
+	}
+	return ctrl.Result{RequeueAfter: redisRetry}, nil
+}
+
+// patchStatuses writes the status of every lock in the scope that changed.
+func (r *DistributedLockReconciler) patchStatuses(ctx context.Context, s *scope) error {
+	var errs []error
+	for _, l := range s.locks {
+		errs = append(errs, r.patchStatus(ctx, s.before[client.ObjectKeyFromObject(l)], l))
+	}
+	return kerrors.NewAggregate(errs)
 }
 
 // patchStatus writes the status if, and only if, it changed, so holding a
 // lock steadily writes nothing to the API server.
 func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, lock *locksv1.DistributedLock) error {
-	if !lock.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(lock, locksv1.Finalizer) {
-		return nil // gone
-	}
 	lock.Status.ObservedGeneration = lock.Generation
 	for i := range lock.Status.Conditions {
 		lock.Status.Conditions[i].ObservedGeneration = lock.Generation
@@ -188,13 +188,50 @@ func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, loc
 	return client.IgnoreNotFound(r.Status().Patch(ctx, lock, client.MergeFrom(before)))
 }
 
+// reconcileDelete releases the grants the lock made, unmarks its pods and
+// lets the resource go. It reads the pods and Redis, never the status, so a
+// lock deleted before its status was written still releases what it holds.
+func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *locksv1.DistributedLock, key string) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(lock, locksv1.Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	if r.Keys.Permits(lock.Namespace, key) {
+		s, err := r.loadScope(ctx, key)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if s.redisErr == nil && !s.notALock {
+			err = r.releaseGrantsOf(ctx, s, lock)
+		} else {
+			err = s.redisErr
+		}
+		if err != nil {
+			before := lock.DeepCopy()
+			if isRedisError(err) {
+				log.FromContext(ctx).Error(err, "cannot release the lock being deleted", "key", key)
+				setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
+					"Redis did not answer, so the lock cannot be released; it is retried. If Redis is gone for good, remove the finalizer by hand (see the README)")
+				return ctrl.Result{RequeueAfter: redisRetry}, r.patchStatus(ctx, before, lock)
+			}
+			return ctrl.Result{}, err
+		}
+		if err := r.patchStatuses(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.RemoveFinalizer(lock, locksv1.Finalizer)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, lock, patch))
+}
+
 func setCondition(lock *locksv1.DistributedLock, condition string, status metav1.ConditionStatus, reason, message string) {
 	meta.SetStatusCondition(&lock.Status.Conditions, metav1.Condition{
 		Type: condition, Status: status, Reason: reason, Message: message, ObservedGeneration: lock.Generation,
 	})
 }
 
-// effectiveKey is spec.key, or "<namespace>/<name>".
+// effectiveKey is spec.key, or "<namespace>/<name>". It never comes from
+// the status, which a lock naming another key could not be trusted with.
 func effectiveKey(lock *locksv1.DistributedLock) string {
 	if lock.Spec.Key != "" {
 		return lock.Spec.Key
@@ -222,3 +259,13 @@ func ownerFor(podUID types.UID) redislock.Owner {
 // controllerOwnerN ends the owner IDs of the controller's holds, "<uid>:0".
 // In-pod clients number their owners from 1.
 const controllerOwnerN = 0
+
+// eventf records an Event on each lock of the scope in the namespace, so a
+// namespace only ever reads about its own pods.
+func (r *DistributedLockReconciler) eventf(s *scope, namespace, eventType, reason, format string, args ...any) {
+	for _, l := range s.locks {
+		if l.Namespace == namespace {
+			r.Recorder.Eventf(l, eventType, reason, format, args...)
+		}
+	}
+}

@@ -4,9 +4,6 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -19,13 +16,17 @@ import (
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// podUIDIndex indexes pods by UID, to map owner IDs to pods.
-const podUIDIndex = "metadata.uid"
+// keyIndex indexes DistributedLocks by the key they name, after defaulting,
+// so the locks sharing a key are found together.
+const keyIndex = ".lockwarden.key"
 
 // SetupWithManager registers the controller: it watches DistributedLocks,
-// the pods they may concern, and the leases it loses.
+// the pods they may concern, the leases it loses and the releases Redis
+// publishes.
 func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.held = map[types.NamespacedName]*grant{}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	r.lost = make(chan event.GenericEvent)
 	stopped := make(chan struct{})
 	r.stopped = stopped
@@ -36,8 +37,11 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})); err != nil {
 		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podUIDIndex, func(o client.Object) []string {
-		return []string{string(o.GetUID())}
+	if err := mgr.Add(manager.RunnableFunc(r.watchReleases)); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &locksv1.DistributedLock{}, keyIndex, func(o client.Object) []string {
+		return []string{effectiveKey(o.(*locksv1.DistributedLock))}
 	}); err != nil {
 		return err
 	}
@@ -46,30 +50,29 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksForPod)).
 		WatchesRawSource(source.Channel(r.lost, &handler.EnqueueRequestForObject{})).
 		Named("distributedlock").
-		// Locks are independent; one lock is never reconciled twice at once.
+		// Keys are independent; reconciles of one key are serialised.
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(r)
 }
 
-// locksForPod maps a pod to the locks it is a candidate for and the locks
-// it holds.
+// locksForPod maps a pod to the locks of its namespace that select it, gate
+// it or marked it. Locks in other namespaces sharing a key are settled with
+// them, in the same reconcile.
 func (r *DistributedLockReconciler) locksForPod(ctx context.Context, obj client.Object) []reconcile.Request {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil
+	}
 	var locks locksv1.DistributedLockList
-	if err := r.List(ctx, &locks); err != nil {
+	if err := r.List(ctx, &locks, client.InNamespace(pod.Namespace)); err != nil {
 		return nil
 	}
 	var requests []reconcile.Request
 	for i := range locks.Items {
 		lock := &locks.Items[i]
-		holds := lock.Status.Holder != nil && types.UID(lock.Status.Holder.PodUID) == obj.GetUID()
-		if holds || (lock.Namespace == obj.GetNamespace() && selects(lock, obj)) {
+		if selects(lock, pod) || hasGate(pod, locksv1.GateFor(lock.Name)) || markedBy(pod, lock.Name) {
 			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(lock)})
 		}
 	}
 	return requests
-}
-
-func selects(lock *locksv1.DistributedLock, obj client.Object) bool {
-	selector, err := metav1.LabelSelectorAsSelector(lock.Spec.Candidates.LabelSelector())
-	return err == nil && selector.Matches(labels.Set(obj.GetLabels()))
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -96,16 +97,53 @@ type harness struct {
 	writes  atomic.Int64 // API writes by the controller's client
 	metrics *prometheus.Registry
 	stop    func()
+	// r is the reconciler, for tests that drive it directly; cache is the
+	// manager's cached client, which r reads through.
+	r     *controllers.DistributedLockReconciler
+	cache client.Client
 }
 
-func startManager(t testing.TB) *harness {
+// reconcilerOption configures the reconciler as a manager flag would.
+type reconcilerOption func(*controllers.DistributedLockReconciler)
+
+func startManager(t testing.TB, opts ...reconcilerOption) *harness {
 	t.Helper()
+	return startManagerOn(t, managerConfig{redisAddr: redisAddr}, opts...)
+}
+
+// managerConfig says where a test's manager works.
+type managerConfig struct {
+	redisAddr string
+	// namespaces, if set, are the only ones the manager watches, so
+	// managers running side by side leave each other's locks alone.
+	namespaces []string
+	// observe, if not nil, sees every object the controller wrote, after
+	// the write.
+	observe func(client.Object)
+}
+
+func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *harness {
+	t.Helper()
+	observe := cfg.observe
+	var cacheOpts cache.Options
+	if len(cfg.namespaces) > 0 {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range cfg.namespaces {
+			cacheOpts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
 	h := &harness{metrics: prometheus.NewRegistry()}
-	count := func() { h.writes.Add(1) }
+	count := func(obj client.Object, err error) {
+		h.writes.Add(1)
+		if observe != nil && err == nil {
+			observe(obj)
+		}
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  cacheOpts,
 		// Several managers run in one test process, one after another.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 		NewClient: func(cfg *rest.Config, opts client.Options) (client.Client, error) {
@@ -119,7 +157,7 @@ func startManager(t testing.TB) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.redisAddr})
 	locks := controllers.NewLockClients(rdb, ctrl.Log, nil)
 	metrics, err := controllers.NewMetrics(h.metrics)
 	if err != nil {
@@ -131,12 +169,19 @@ func startManager(t testing.TB) *harness {
 		Locks:    locks,
 		Metrics:  metrics,
 	}
+	for _, o := range opts {
+		o(r)
+	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
+	h.r, h.cache = r, mgr.GetClient()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		t.Fatal("the manager's cache did not sync")
+	}
 	var once atomic.Bool
 	h.stop = func() {
 		if !once.CompareAndSwap(false, true) {
@@ -153,31 +198,38 @@ func startManager(t testing.TB) *harness {
 	return h
 }
 
-func countWrites(count func()) interceptor.Funcs {
+// countWrites reports every write through the client, with its outcome.
+func countWrites(count func(client.Object, error)) interceptor.Funcs {
 	return interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-			count()
-			return c.Create(ctx, obj, opts...)
+			err := c.Create(ctx, obj, opts...)
+			count(obj, err)
+			return err
 		},
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-			count()
-			return c.Update(ctx, obj, opts...)
+			err := c.Update(ctx, obj, opts...)
+			count(obj, err)
+			return err
 		},
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			count()
-			return c.Patch(ctx, obj, patch, opts...)
+			err := c.Patch(ctx, obj, patch, opts...)
+			count(obj, err)
+			return err
 		},
 		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
-			count()
-			return c.Delete(ctx, obj, opts...)
+			err := c.Delete(ctx, obj, opts...)
+			count(obj, err)
+			return err
 		},
 		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-			count()
-			return c.SubResource(sub).Update(ctx, obj, opts...)
+			err := c.SubResource(sub).Update(ctx, obj, opts...)
+			count(obj, err)
+			return err
 		},
 		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			count()
-			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			err := c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			count(obj, err)
+			return err
 		},
 	}
 }
@@ -199,12 +251,6 @@ func newNamespace(t testing.TB) string {
 }
 
 type podOption func(*corev1.Pod)
-
-// gatedPod puts the pod behind the lock's scheduling gate, as a guarded
-// CronJob's pod template would.
-func gatedPod(p *corev1.Pod) {
-	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: locksv1.SchedulingGate}}
-}
 
 // boundPod binds the pod to a node, so deleting it is graceful: it keeps
 // existing with a deletionTimestamp, as until a kubelet confirms.

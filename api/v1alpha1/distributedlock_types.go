@@ -4,23 +4,38 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Annotations, labels and the scheduling gate the controller uses on pods.
+// The marks and gates of a lock on a pod. Each is a prefix followed by the
+// lock's name: a pod may be a candidate of several locks, and each lock has
+// marks of its own, so one lock never overwrites another's and a Service can
+// select the holder of each lock. Lock names are at most 63 characters, so
+// every one of these is a valid label, annotation or gate name.
 const (
-	// SchedulingGate keeps a guarded pod from being scheduled until it holds
-	// the lock. Put it in spec.schedulingGates of the pod template.
-	SchedulingGate = "lockwarden.dev/lock"
-	// HolderLabel is set on the holder pod, with the lock's name as value, so
-	// a Service can select the holder.
-	HolderLabel = "lockwarden.dev/holder"
-	// LockAnnotation names the lock the pod holds.
-	LockAnnotation = "lockwarden.dev/lock"
-	// TokenAnnotation is the fencing token of the pod's ownership.
-	TokenAnnotation = "lockwarden.dev/fencing-token"
-	// SinceAnnotation is when the pod was granted the lock, in RFC 3339.
-	SinceAnnotation = "lockwarden.dev/held-since"
+	// GatePrefix + <lock name> is the scheduling gate by which a pod waits
+	// for the DistributedLock of that name in its namespace. A pod with
+	// several such gates starts only once it holds every one of those locks.
+	GatePrefix = "gate.lockwarden.dev/"
+	// HolderLabelPrefix + <lock name> is set to "true" on the pod holding
+	// the lock, so a Service can select it.
+	HolderLabelPrefix = "holder.lockwarden.dev/"
+	// OwnerAnnotationPrefix + <lock name> is the holder's owner ID in Redis:
+	// "<pod UID>:0" when the controller holds the lock for the pod (a grant,
+	// kept until the pod stops), another suffix for the pod's own client.
+	OwnerAnnotationPrefix = "owner.lockwarden.dev/"
+	// TokenAnnotationPrefix + <lock name> is the fencing token of the
+	// holder's ownership.
+	TokenAnnotationPrefix = "token.lockwarden.dev/"
+	// SinceAnnotationPrefix + <lock name> is when the pod was marked as the
+	// holder of that ownership, in RFC 3339.
+	SinceAnnotationPrefix = "since.lockwarden.dev/"
 	// Finalizer releases the lock in Redis before the resource goes away.
 	Finalizer = "locks.lockwarden.dev/release"
 )
+
+// GateFor is the scheduling gate by which a pod waits for the lock.
+func GateFor(lock string) string { return GatePrefix + lock }
+
+// HolderLabelFor is the label that marks the holder of the lock.
+func HolderLabelFor(lock string) string { return HolderLabelPrefix + lock }
 
 // Condition types.
 const (
@@ -28,6 +43,14 @@ const (
 	ConditionReady = "Ready"
 	// ConditionHeld is True while some owner holds the lock in Redis.
 	ConditionHeld = "Held"
+	// ConditionConflict is True while a pod the controller granted the
+	// lock to has not stopped, but somebody else holds the key in Redis.
+	// Nobody else is granted the lock until that pod stops.
+	ConditionConflict = "Conflict"
+	// ConditionHolderStarted is False while the holder pod, granted the lock
+	// by the controller, has not started within spec.startTimeout. It is
+	// only set while a pod of this namespace holds the lock.
+	ConditionHolderStarted = "HolderStarted"
 )
 
 // DistributedLockSpec is the desired lock.
@@ -35,15 +58,15 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.renewInterval) || duration(self.renewInterval) < (has(self.leaseDuration) ? duration(self.leaseDuration) : duration('30s'))",message="spec.renewInterval must be shorter than spec.leaseDuration, or the lease lapses between renewals"
 type DistributedLockSpec struct {
 	// Key is the lock's name in Redis. It defaults to "<namespace>/<name>".
-	// An explicit key may not contain "/", so it can never name another
-	// namespace's default key; every lock that names the same explicit key,
-	// in any namespace or cluster sharing the Redis, shares the lock. It
+	// A namespace may use the keys under its own name, "<namespace>/...";
+	// any other key must be shared with it by the cluster administrator
+	// (the manager's --shared-key flag), or the lock is not Ready. Every
+	// lock naming the same key shares one holder and one waiting order. It
 	// cannot be changed.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.key is immutable; create a new DistributedLock to use another key"
-	// +kubebuilder:validation:XValidation:rule="!self.contains('/')",message="spec.key must not contain '/': keys of the form <namespace>/<name> are reserved for each namespace's default keys"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('[{}\\\\s]')",message="spec.key must not contain '{', '}' or whitespace"
 	Key string `json:"key,omitempty"`
 
@@ -66,6 +89,26 @@ type DistributedLockSpec struct {
 	// Candidates selects the pods, in the lock's namespace, that may hold
 	// the lock. They are granted it one at a time, oldest pod first.
 	Candidates PodSelector `json:"candidates"`
+
+	// StartTimeout bounds how long a pod granted the lock may take to start:
+	// to be Running with every container running. A holder that has not
+	// started by then (Unschedulable, ImagePullBackOff, a crash loop) is
+	// reported by the HolderStarted condition and a Warning Event, and it
+	// keeps the lock unless DeleteUnstarted is set. Between 1s and 24h.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="spec.startTimeout must be between 1s and 24h"
+	StartTimeout *metav1.Duration `json:"startTimeout,omitempty"`
+
+	// DeleteUnstarted, if true, has the controller evict a holder it
+	// granted the lock to that has not started within StartTimeout; the
+	// lock is released once the pod is gone, and granted to the next
+	// candidate. The default, false, only reports such a holder: it keeps
+	// the lock, since the controller cannot tell a slow start from a stuck
+	// one.
+	// +optional
+	DeleteUnstarted bool `json:"deleteUnstarted,omitempty"`
 }
 
 // PodSelector is a label selector for pods, as in a Deployment's
@@ -156,18 +199,21 @@ type DistributedLockStatus struct {
 	// Key is the lock's name in Redis, after defaulting.
 	// +optional
 	Key string `json:"key,omitempty"`
-	// Holder is who holds the lock, if anyone.
+	// Holder is who holds the lock, when that is a pod in this namespace.
+	// A holder elsewhere (another namespace sharing the key, another
+	// cluster, a plain client) is not named: the Held condition says so.
 	// +optional
 	Holder *LockHolder `json:"holder,omitempty"`
-	// Waiting are the candidate pods waiting for the lock, in the order
-	// they will be granted it.
+	// Waiting are this namespace's candidate pods waiting for the lock, in
+	// the order they will be granted it, which every lock naming the key
+	// shares.
 	// +optional
 	// +listType=atomic
 	Waiting []string `json:"waiting,omitempty"`
 	// WaitingCount is len(Waiting), for kubectl's columns.
 	// +optional
 	WaitingCount int32 `json:"waitingCount,omitempty"`
-	// Conditions are Ready and Held.
+	// Conditions are Ready, Held and Conflict.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -190,7 +236,9 @@ type DistributedLock struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   DistributedLockSpec   `json:"spec,omitempty"`
+	// Spec is required: a lock without one would have no candidates.
+	// +required
+	Spec   DistributedLockSpec   `json:"spec"`
 	Status DistributedLockStatus `json:"status,omitempty"`
 }
 

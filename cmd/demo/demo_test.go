@@ -30,11 +30,11 @@ func TestDemo(t *testing.T) {
 
 	facts := []struct{ what, pattern string }{
 		{"web-1 is granted leader", `(?m)^leader\s+demo/leader\s+web-1\s+\d+\s+2\s`},
-		{"web-1 is labelled as holder", `(?m)^web-1\s.*\sapp=web,lockwarden\.dev/holder=leader$`},
-		{"web-1 is annotated", `(?m)^lockwarden\.dev/fencing-token=\d+$`},
-		{"run-1 holds nightly, ungated", `(?m)^run-1\s+<none>\s+nightly\s+Pending$`},
-		{"run-2 is still gated while run-1 holds", `(?m)^run-2\s+lockwarden\.dev/lock\s+<none>\s+Pending$`},
-		{"run-2 is ungated after run-1", `(?m)^run-2\s+<none>\s+nightly\s+Pending$`},
+		{"web-1 is labelled as holder", `(?m)^web-1\s.*\sapp=web,holder\.lockwarden\.dev/leader=true$`},
+		{"web-1 is annotated", `(?m)^token\.lockwarden\.dev/leader=\d+$`},
+		{"run-1 holds nightly, ungated", `(?m)^run-1\s+<none>\s+true\s+Pending$`},
+		{"run-2 is still gated while run-1 holds", `(?m)^run-2\s+gate\.lockwarden\.dev/nightly\s+<none>\s+Pending$`},
+		{"run-2 is ungated after run-1", `(?m)^run-2\s+<none>\s+true\s+Pending$`},
 		{"web-2 takes over", `(?m)^leader\s+demo/leader\s+web-2\s+\d+\s+1\s`},
 		{"the in-pod holder is shown", `(?m)^jobs\s+worker\s+[0-9a-f-]{36}:[0-9]+\s+false\s+\d+$`},
 		{"the in-pod hold is released", `(?m)^jobs\s+demo/jobs\s+\S+$`},

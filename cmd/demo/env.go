@@ -317,6 +317,7 @@ func (e *env) startManager(ctx context.Context, bin, kubeconfig string) error {
 	args := []string{
 		"--kubeconfig", kubeconfig,
 		"--redis-url", "redis://" + e.redisAddr,
+		"--shared-key", "nightly=*",
 		"--metrics-bind-address", "0",
 		"--health-probe-bind-address", probe,
 	}

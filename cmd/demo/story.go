@@ -198,40 +198,43 @@ func setPhase(name string, phase corev1.PodPhase) []string {
 const annotationsTemplate = `go-template={{range $k, $v := .metadata.annotations}}{{$k}}={{$v}}{{"\n"}}{{end}}`
 
 // checkMarks checks that pod is marked as the holder of lock with token, or
-// unmarked if lock is "".
+// carries no lock's marks if lock is "".
 func checkMarks(pod *corev1.Pod, lock string, token int64) error {
 	what := "the holder marks on pod " + pod.Name
 	if lock == "" {
 		var left []string
-		if v, ok := pod.Labels[locksv1.HolderLabel]; ok {
-			left = append(left, locksv1.HolderLabel+"="+v)
+		for k, v := range pod.Labels {
+			if strings.HasPrefix(k, locksv1.HolderLabelPrefix) {
+				left = append(left, k+"="+v)
+			}
 		}
-		for _, a := range []string{locksv1.LockAnnotation, locksv1.TokenAnnotation, locksv1.SinceAnnotation} {
-			if v, ok := pod.Annotations[a]; ok {
-				left = append(left, a+"="+v)
+		for k, v := range pod.Annotations {
+			for _, prefix := range []string{locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix} {
+				if strings.HasPrefix(k, prefix) {
+					left = append(left, k+"="+v)
+				}
 			}
 		}
 		if len(left) > 0 {
+			slices.Sort(left)
 			return &checkError{what: what, expected: "none", got: strings.Join(left, ", ")}
 		}
 		return nil
 	}
-	want := fmt.Sprintf("label %s=%s, annotations %s=%s %s=%d and %s (RFC 3339)",
-		locksv1.HolderLabel, lock, locksv1.LockAnnotation, lock, locksv1.TokenAnnotation, token, locksv1.SinceAnnotation)
-	got := fmt.Sprintf("label %s=%q, annotations %s=%q %s=%q %s=%q",
-		locksv1.HolderLabel, pod.Labels[locksv1.HolderLabel], locksv1.LockAnnotation, pod.Annotations[locksv1.LockAnnotation],
-		locksv1.TokenAnnotation, pod.Annotations[locksv1.TokenAnnotation], locksv1.SinceAnnotation, pod.Annotations[locksv1.SinceAnnotation])
-	_, sinceErr := time.Parse(time.RFC3339, pod.Annotations[locksv1.SinceAnnotation])
-	if pod.Labels[locksv1.HolderLabel] != lock || pod.Annotations[locksv1.LockAnnotation] != lock ||
-		pod.Annotations[locksv1.TokenAnnotation] != strconv.FormatInt(token, 10) || sinceErr != nil {
+	label, tokenKey, sinceKey := locksv1.HolderLabelFor(lock), locksv1.TokenAnnotationPrefix+lock, locksv1.SinceAnnotationPrefix+lock
+	want := fmt.Sprintf("label %s=true, annotations %s=%d and %s (RFC 3339)", label, tokenKey, token, sinceKey)
+	got := fmt.Sprintf("label %s=%q, annotations %s=%q %s=%q", label, pod.Labels[label], tokenKey, pod.Annotations[tokenKey], sinceKey, pod.Annotations[sinceKey])
+	_, sinceErr := time.Parse(time.RFC3339, pod.Annotations[sinceKey])
+	if pod.Labels[label] != "true" || pod.Annotations[tokenKey] != strconv.FormatInt(token, 10) || sinceErr != nil {
 		return &checkError{what: what, expected: want, got: got}
 	}
 	return nil
 }
 
+// gated reports whether the pod waits behind any lock's gate.
 func gated(pod *corev1.Pod) bool {
 	return slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
-		return g.Name == locksv1.SchedulingGate
+		return strings.HasPrefix(g.Name, locksv1.GatePrefix)
 	})
 }
 
@@ -272,12 +275,12 @@ spec:
 		return err
 	}
 	d.leaderT = lock.Status.Holder.Token
-	if err := d.waitFor(ctx, "the holder marks on web-1", "label "+locksv1.HolderLabel+"=leader", func() (bool, string, error) {
+	if err := d.waitFor(ctx, "the holder marks on web-1", "label "+locksv1.HolderLabelFor("leader")+"=true", func() (bool, string, error) {
 		pod, err := d.pod(ctx, "web-1")
 		if err != nil {
 			return false, "", err
 		}
-		return pod.Labels[locksv1.HolderLabel] == "leader", fmt.Sprintf("labels %v", pod.Labels), nil
+		return pod.Labels[locksv1.HolderLabelFor("leader")] == "true", fmt.Sprintf("labels %v", pod.Labels), nil
 	}); err != nil {
 		return err
 	}
@@ -313,8 +316,9 @@ spec:
 	return nil
 }
 
-// podColumns shows each pod's gates, holder label and phase.
-var podColumns = "custom-columns=NAME:.metadata.name,GATES:.spec.schedulingGates[*].name,HOLDER:.metadata.labels.lockwarden\\.dev/holder,PHASE:.status.phase"
+// podColumns shows each pod's gates, the nightly lock's holder label and
+// phase.
+var podColumns = "custom-columns=NAME:.metadata.name,GATES:.spec.schedulingGates[*].name,HOLDS-NIGHTLY:.metadata.labels.holder\\.lockwarden\\.dev/nightly,PHASE:.status.phase"
 
 func runPod(name string) string {
 	return fmt.Sprintf(`
@@ -326,7 +330,7 @@ metadata:
     job: nightly
 spec:
   schedulingGates:
-  - name: lockwarden.dev/lock
+  - name: gate.lockwarden.dev/nightly
   restartPolicy: Never
   containers:
   - name: billing
@@ -338,10 +342,11 @@ spec:
 func (d *demo) guardedRun(ctx context.Context) error {
 	d.section("A guarded CronJob run: gated until it holds the lock")
 	d.say("A job that must never run twice at once. Its lock has the explicit key nightly,",
-		"shared by every DistributedLock naming it, in any namespace or cluster on this Redis.",
+		"which the manager's --shared-key flag shares with every namespace: every DistributedLock",
+		"naming it, in any namespace or cluster on this Redis, guards the same job.",
 		"Its pods (from a CronJob's template, say) are created behind the scheduling gate",
-		"lockwarden.dev/lock: the scheduler leaves them alone until the controller grants one",
-		"the lock and removes its gate.")
+		"gate.lockwarden.dev/nightly: the scheduler leaves them alone until the controller grants",
+		"them the lock named nightly and removes its gate.")
 	if _, err := d.k.apply(ctx, `
 apiVersion: locks.lockwarden.dev/v1alpha1
 kind: DistributedLock
@@ -481,7 +486,7 @@ func (d *demo) handover(ctx context.Context) error {
 	if _, err := d.k.run(ctx, "get", "dlock", "leader"); err != nil {
 		return err
 	}
-	if _, err := d.k.run(ctx, "get", "pods", "-l", "app=web", "-L", locksv1.HolderLabel); err != nil {
+	if _, err := d.k.run(ctx, "get", "pods", "-l", "app=web", "-L", locksv1.HolderLabelFor("leader")); err != nil {
 		return err
 	}
 	if handover >= maxHandover {
@@ -490,7 +495,7 @@ func (d *demo) handover(ctx context.Context) error {
 	if lock.Status.Holder.Token <= d.leaderT {
 		return &checkError{what: "the fencing token", expected: fmt.Sprintf("above web-1's %d", d.leaderT), got: strconv.FormatInt(lock.Status.Holder.Token, 10)}
 	}
-	if err := d.waitFor(ctx, "the holder marks on web-2", "label "+locksv1.HolderLabel+"=leader", func() (bool, string, error) {
+	if err := d.waitFor(ctx, "the holder marks on web-2", "label "+locksv1.HolderLabelFor("leader")+"=true", func() (bool, string, error) {
 		pod, err := d.pod(ctx, "web-2")
 		if err != nil {
 			return false, "", err

@@ -45,6 +45,8 @@ func main() {
 	flag.StringVar(&cluster, "redis-cluster-addrs", "", "Comma-separated Redis Cluster node addresses, instead of --redis-url.")
 	flag.BoolVar(&redisCfg.TLS, "redis-tls", false, "Use TLS with Sentinel or Cluster addresses (rediss:// implies it for a URL).")
 	flag.StringVar(&redisCfg.CAFile, "redis-ca-file", "", "PEM file of CAs to trust for Redis TLS, such as a mounted Secret's ca.crt.")
+	var keys controllers.KeyPolicy
+	flag.Func("shared-key", "KEY=NAMESPACE[,NAMESPACE...]: let locks in those namespaces (* for all) use a key outside their own <namespace>/..., to share it across namespaces, with another cluster or with in-pod clients. Repeat for more keys.", keys.Share)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -90,6 +92,7 @@ func main() {
 		Recorder: mgr.GetEventRecorderFor("lockwarden"),
 		Locks:    locks,
 		Metrics:  metrics,
+		Keys:     keys,
 	}
 	if err := reconciler.SetupWithManager(mgr); err != nil {
 		log.Error(err, "cannot set up the controller")

@@ -1,0 +1,118 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// grantNext gives the free key to the first eligible candidate, holding it
+// in Redis under the owner ID "<pod UID>:0". Nothing is granted while a
+// grant is out (sticky until its pod stops) or in conflict.
+func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) error {
+	if len(s.holders) > 0 || s.grantee != nil || s.conflict {
+		return nil
+	}
+	for _, pod := range s.candidates {
+		ok, err := r.eligible(ctx, s, pod)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if s.guards(pod) {
+			// A gate cannot be put back: confirm past the cache that no
+			// other pod still has a grant of the key before lifting one.
+			if err := r.confirmNoGrantOut(ctx, s); err != nil {
+				return err
+			}
+		}
+		hold, err := acquire(ctx, s.client, s.key, ownerFor(pod.UID))
+		if errors.Is(err, redislock.ErrWaitTimeout) {
+			return s.reread(ctx) // taken meanwhile, or reserved for a queued client
+		}
+		if err != nil {
+			return err
+		}
+		r.remember(s, pod, hold)
+		s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
+		s.info.Token = hold.Token()
+		s.grantee = pod
+		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, hold.Token())
+		for _, l := range s.locksIn(pod.Namespace) {
+			r.Metrics.transition(l, "acquired")
+		}
+		return nil
+	}
+	return nil
+}
+
+// eligible reports whether a candidate may be granted the key now. It must
+// not be stopped or being deleted. A guarded pod (one gated by a lock on
+// this key) waits behind its gate; if it is gated by other locks too, it
+// takes them in the order of their keys, so two pods guarded by the same
+// locks never each hold one and wait for the other. An unguarded pod must be
+// Running, and waits for no other lock.
+func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod *corev1.Pod) (bool, error) {
+	if stopped(pod) || !pod.DeletionTimestamp.IsZero() {
+		return false, nil
+	}
+	ours := map[string]bool{}
+	for _, l := range s.locksIn(pod.Namespace) {
+		ours[locksv1.GateFor(l.Name)] = true
+	}
+	var others []string
+	for _, g := range pod.Spec.SchedulingGates {
+		if strings.HasPrefix(g.Name, locksv1.GatePrefix) && !ours[g.Name] {
+			others = append(others, strings.TrimPrefix(g.Name, locksv1.GatePrefix))
+		}
+	}
+	if !s.guards(pod) {
+		return len(others) == 0 && pod.Status.Phase == corev1.PodRunning, nil
+	}
+	for _, name := range others {
+		other := &locksv1.DistributedLock{}
+		err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, other)
+		if apierrors.IsNotFound(err) {
+			return false, nil // it waits for a lock that does not exist
+		}
+		if err != nil {
+			return false, err
+		}
+		if effectiveKey(other) <= s.key {
+			return false, nil // it takes that key first
+		}
+	}
+	return true, nil
+}
+
+// confirmNoGrantOut reads the pods from the API server and fails if one has
+// a grant of the key and has not stopped, which the cache did not show yet.
+func (r *DistributedLockReconciler) confirmNoGrantOut(ctx context.Context, s *scope) error {
+	seen := map[string]bool{}
+	for _, l := range s.locks {
+		if seen[l.Namespace] {
+			continue
+		}
+		seen[l.Namespace] = true
+		var pods corev1.PodList
+		if err := r.APIReader.List(ctx, &pods, client.InNamespace(l.Namespace)); err != nil {
+			return err
+		}
+		for i := range pods.Items {
+			if p := &pods.Items[i]; s.granted(p) && !stopped(p) {
+				return fmt.Errorf("pod %s/%s still has a grant of %s that the cache does not show yet", p.Namespace, p.Name, s.key)
+			}
+		}
+	}
+	return nil
+}

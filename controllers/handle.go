@@ -1,0 +1,72 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// handle is the library's handle on a lock the controller holds. This file
+// is the only place that names the library's type.
+type handle = redislock.Hold
+
+// acquire takes the key for the owner without waiting. The library's
+// watchdog renews it until it is force-released or lost. Taking a key the
+// owner already holds re-enters it and keeps its fencing token, which is how
+// a restarted manager adopts the holds it made before.
+func acquire(ctx context.Context, c *redislock.Client, key string, owner redislock.Owner) (*handle, error) {
+	m, err := c.NewMutex(key, &redislock.MutexOptions{Owner: owner})
+	if err != nil {
+		return nil, err
+	}
+	return m.TryLock(ctx, 0)
+}
+
+// released reports whether the hold ended by the controller's own release,
+// rather than being lost.
+func released(h *handle) bool { return errors.Is(h.Err(), redislock.ErrReleased) }
+
+// grant is a hold the controller keeps in Redis for a pod.
+type grant struct {
+	podUID types.UID
+	pod    types.NamespacedName
+	hold   *handle
+}
+
+// grants are the controller's holds, by key: one per key at most, whatever
+// the number of locks naming it.
+type grants struct {
+	mu    sync.Mutex
+	byKey map[string]*grant
+}
+
+func (g *grants) get(key string) *grant {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byKey[key]
+}
+
+// put records a grant and returns the one it replaces, if any.
+func (g *grants) put(key string, gr *grant) *grant {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.byKey == nil {
+		g.byKey = map[string]*grant{}
+	}
+	old := g.byKey[key]
+	g.byKey[key] = gr
+	return old
+}
+
+// drop forgets the key's grant if it is the pod's.
+func (g *grants) drop(key string, uid types.UID) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gr := g.byKey[key]; gr != nil && gr.podUID == uid {
+		delete(g.byKey, key)
+	}
+}

@@ -1,0 +1,277 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// granteeOf is the pod the controller granted the key to that has not
+// stopped, if any: the one holding it in Redis, else the one this process
+// granted it to, else the oldest pod whose marks record a grant (after a
+// manager restart, or a lease lost with Redis's data).
+func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
+	var marked []*corev1.Pod
+	for _, p := range s.pods {
+		if !stopped(p) && s.granted(p) {
+			marked = append(marked, p)
+		}
+	}
+	for _, h := range s.holders {
+		if h.pod != nil && h.byController() && !stopped(h.pod) {
+			return h.pod
+		}
+	}
+	if g := r.grants.get(s.key); g != nil {
+		if p := s.byUID[g.podUID]; p != nil && !stopped(p) {
+			return p
+		}
+	}
+	var oldest *corev1.Pod
+	for _, p := range marked {
+		if oldest == nil || p.CreationTimestamp.Before(&oldest.CreationTimestamp) {
+			oldest = p
+		}
+	}
+	return oldest
+}
+
+// releaseStopped force-releases the holders whose pod has stopped or is
+// gone, whether the controller granted them the key or they took it with
+// an in-pod client. Holders that are no pod of the scope's namespaces
+// (another namespace's, another cluster's, a plain client's) are left alone.
+func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope) error {
+	var remaining []holder
+	for _, h := range s.holders {
+		name, namespace, why := r.releasable(s, h)
+		if why == "" {
+			remaining = append(remaining, h)
+			continue
+		}
+		if _, err := s.client.ForceRelease(ctx, s.key, string(h.podUID)); err != nil {
+			return err
+		}
+		r.grants.drop(s.key, h.podUID)
+		if h.pod != nil {
+			r.Metrics.observeRelease(time.Since(stopTime(h.pod)))
+		}
+		log.FromContext(ctx).Info("released the lock of a stopped pod", "key", s.key, "pod", name, "owner", h.owner)
+		r.eventf(s, namespace, corev1.EventTypeNormal, "HolderTerminated", "Released %s: holder pod %s %s", s.key, name, why)
+		for _, l := range s.locksIn(namespace) {
+			r.Metrics.transition(l, "holder_terminated")
+		}
+	}
+	s.holders = remaining
+	return nil
+}
+
+// releasable says why the holder's hold may be released, or "" if not: its
+// pod has stopped, or a pod this controller knew is gone. It knew the pod if
+// it granted it the key, or a lock's status names it: a status only ever
+// names pods of the lock's own namespace, which the cache has all of.
+func (r *DistributedLockReconciler) releasable(s *scope, h holder) (name, namespace, why string) {
+	if h.pod != nil {
+		if !stopped(h.pod) {
+			return "", "", ""
+		}
+		why = "has stopped: every container terminated"
+		if h.pod.Status.Phase == corev1.PodSucceeded || h.pod.Status.Phase == corev1.PodFailed {
+			why = "reached phase " + string(h.pod.Status.Phase)
+		}
+		return h.pod.Name, h.pod.Namespace, why
+	}
+	if g := r.grants.get(s.key); g != nil && g.podUID == h.podUID {
+		return g.pod.Name, g.pod.Namespace, "was deleted"
+	}
+	for _, l := range s.locks {
+		if st := l.Status.Holder; st != nil && st.PodName != "" && st.PodUID == string(h.podUID) {
+			return st.PodName, l.Namespace, "was deleted"
+		}
+	}
+	return "", "", ""
+}
+
+// keepGrants keeps a grant sticky: a pod the controller granted the key to
+// keeps it until the pod stops. If Redis lost the key, it is taken again for
+// the same pod; if somebody else took it, the locks report a conflict and
+// nobody else is granted it.
+func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) error {
+	// A grant this process holds is lost if its lease ended, or if Redis no
+	// longer shows it (the watchdog may not have noticed yet).
+	if g := r.grants.get(s.key); g != nil {
+		h, held := s.heldBy(g.podUID)
+		if g.hold.Err() != nil || !held || !h.byController() {
+			r.grants.drop(s.key, g.podUID)
+			if p := s.byUID[g.podUID]; p != nil && !released(g.hold) {
+				cause := redislock.ErrNotOwner
+				if err := g.hold.Err(); err != nil {
+					cause = err
+				}
+				log.FromContext(ctx).Info("lost a lock held for a pod", "key", s.key, "pod", p.Name, "cause", cause.Error())
+				r.eventf(s, p.Namespace, corev1.EventTypeWarning, "Lost", "Lost %s held for pod %s: %s", s.key, p.Name, redactLoss(cause))
+				for _, l := range s.locksIn(p.Namespace) {
+					r.Metrics.transition(l, "lost")
+				}
+			}
+		}
+	}
+	pod := s.grantee
+	if pod == nil {
+		return nil
+	}
+	if h, ok := s.heldBy(pod.UID); ok && h.byController() {
+		return r.adopt(ctx, s, pod)
+	}
+	if len(s.holders) == 0 {
+		hold, err := acquire(ctx, s.client, s.key, ownerFor(pod.UID))
+		switch {
+		case err == nil:
+			r.remember(s, pod, hold)
+			s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
+			s.info.Token = hold.Token()
+			r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
+				"Took %s again for pod %s, which was granted it and has not stopped, with fencing token %d", s.key, pod.Name, hold.Token())
+			return nil
+		case errors.Is(err, redislock.ErrWaitTimeout):
+			if err := s.reread(ctx); err != nil {
+				return err
+			}
+			if h, ok := s.heldBy(pod.UID); ok && h.byController() {
+				return nil
+			}
+		default:
+			return err
+		}
+	}
+	s.conflict = true
+	for _, l := range s.locksIn(pod.Namespace) {
+		if !meta.IsStatusConditionTrue(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionConflict) {
+			r.Recorder.Eventf(l, corev1.EventTypeWarning, "Conflict",
+				"Another owner holds %s in Redis, but pod %s was granted it and has not stopped; nobody else is granted the lock until it stops", s.key, pod.Name)
+		}
+	}
+	return nil
+}
+
+// adopt takes over the renewal of a grant made before the manager restarted
+// (or by another manager replica), keeping its fencing token.
+func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *corev1.Pod) error {
+	if g := r.grants.get(s.key); g != nil && g.podUID == pod.UID && g.hold.Err() == nil {
+		return nil
+	}
+	hold, err := acquire(ctx, s.client, s.key, ownerFor(pod.UID))
+	if errors.Is(err, redislock.ErrWaitTimeout) {
+		return nil // lost meanwhile; the next reconcile sees who holds it
+	}
+	if err != nil {
+		return err
+	}
+	r.remember(s, pod, hold)
+	log.FromContext(ctx).Info("adopted a lock held in Redis", "key", s.key, "pod", pod.Name, "token", hold.Token())
+	return nil
+}
+
+// remember records a grant and arranges for its loss to wake the locks
+// naming its key.
+func (r *DistributedLockReconciler) remember(s *scope, pod *corev1.Pod, hold *handle) {
+	r.grants.put(s.key, &grant{podUID: pod.UID, pod: client.ObjectKeyFromObject(pod), hold: hold})
+	key := s.key
+	context.AfterFunc(hold.Context(), func() {
+		if !released(hold) {
+			r.wake(key)
+		}
+	})
+}
+
+// wake queues a reconcile of the locks naming the key.
+func (r *DistributedLockReconciler) wake(key string) {
+	var list locksv1.DistributedLockList
+	if err := r.List(context.Background(), &list, client.MatchingFields{keyIndex: key}); err != nil {
+		return
+	}
+	for i := range list.Items {
+		select {
+		case r.lost <- event.GenericEvent{Object: &list.Items[i]}:
+		case <-r.stopped:
+			return
+		}
+	}
+}
+
+// redactLoss names the cause of a lost lease without Redis's own words.
+func redactLoss(err error) string {
+	switch {
+	case errors.Is(err, redislock.ErrNotOwner):
+		return "another owner holds it, or Redis lost it"
+	case errors.Is(err, redislock.ErrLeaseLost):
+		return "no renewal succeeded within the lease"
+	}
+	return "the lease ended"
+}
+
+// releaseGrantsOf releases, for a lock being deleted, the grants of its key
+// to pods of its namespace that no other lock there selects, gates or
+// marks, and removes its marks. In-pod clients' holds are the pods' own.
+func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scope, lock *locksv1.DistributedLock) error {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(lock.Namespace)); err != nil {
+		return err
+	}
+	remaining := s.locksIn(lock.Namespace)
+	claimed := func(p *corev1.Pod) bool {
+		for _, l := range remaining {
+			if selects(l, p) || hasGate(p, locksv1.GateFor(l.Name)) || markedBy(p, l.Name) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, h := range s.holders {
+		if !h.byController() {
+			continue
+		}
+		var pod *corev1.Pod
+		for i := range pods.Items {
+			if pods.Items[i].UID == h.podUID {
+				pod = &pods.Items[i]
+			}
+		}
+		ours := pod != nil && !claimed(pod)
+		gone := pod == nil && lock.Status.Holder != nil && lock.Status.Holder.PodUID == string(h.podUID)
+		if !ours && !gone {
+			continue
+		}
+		if _, err := s.client.ForceRelease(ctx, s.key, string(h.podUID)); err != nil {
+			return err
+		}
+		r.grants.drop(s.key, h.podUID)
+		name := string(h.podUID)
+		if pod != nil {
+			name = pod.Name
+		} else if lock.Status.Holder != nil {
+			name = lock.Status.Holder.PodName
+		}
+		r.Recorder.Eventf(lock, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", s.key, name)
+		r.Metrics.transition(lock, "released")
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		want := p.DeepCopy()
+		clearMarks(want, lock.Name)
+		if err := r.patchPod(ctx, p, want); err != nil {
+			return err
+		}
+	}
+	// The locks left on the key take over the marks of a grant they keep.
+	go r.wake(s.key)
+	return nil
+}

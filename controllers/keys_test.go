@@ -1,0 +1,84 @@
+package controllers_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// Case 6: a namespace may only use keys of its own unless the administrator
+// shares one, and a lock never shows what a key that is not a lock holds.
+func TestCase6KeyPolicyAndRedaction(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	ctx := context.Background()
+	createPod(t, ns, "web-1", "web")
+
+	ready := func(lock *locksv1.DistributedLock) *metav1.Condition {
+		return meta.FindStatusCondition(getLock(t, lock).Status.Conditions, locksv1.ConditionReady)
+	}
+
+	// A key outside the namespace, shared by nobody: squatting refused.
+	squat := "payments-" + ns
+	squatter := createLock(t, ns, "squatter", "web", func(l *locksv1.DistributedLock) { l.Spec.Key = squat })
+	eventually(t, "the squatting lock to be refused", func() bool {
+		c := ready(squatter)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "KeyNotPermitted" && strings.Contains(c.Message, "--shared-key")
+	})
+	settle()
+	if inspect(t, squat).Held() {
+		t.Fatal("a lock on a key not its namespace's took it in Redis")
+	}
+
+	// A key of the namespace's own that holds another application's hash.
+	other := ns + "/sessions"
+	if err := rdb.HSet(ctx, other, "user-secret-field", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	reader := createLock(t, ns, "reader", "web", func(l *locksv1.DistributedLock) { l.Spec.Key = other })
+	eventually(t, "the lock on a foreign hash to be refused", func() bool {
+		c := ready(reader)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "KeyInUse"
+	})
+	// A key of another type: Redis's error is not echoed.
+	str := ns + "/counter"
+	if err := rdb.Set(ctx, str, "42", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	prober := createLock(t, ns, "prober", "web", func(l *locksv1.DistributedLock) { l.Spec.Key = str })
+	eventually(t, "the lock on a string key to be refused", func() bool {
+		c := ready(prober)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	settle()
+	for _, l := range []*locksv1.DistributedLock{reader, prober} {
+		shown := eventText(t, ns) + strings.Join(conditionText(getLock(t, l)), "\n")
+		if h := getLock(t, l).Status.Holder; h != nil {
+			t.Fatalf("%s shows a holder %+v read from a key that is not a lock", l.Name, h)
+		}
+		for _, leak := range []string{"user-secret-field", "WRONGTYPE", "wrong kind"} {
+			if strings.Contains(shown, leak) {
+				t.Fatalf("%s shows %q from Redis:\n%s", l.Name, leak, shown)
+			}
+		}
+	}
+	if v, _ := rdb.Get(ctx, str).Result(); v != "42" {
+		t.Fatalf("the string key was changed to %q", v)
+	}
+}
+
+func conditionText(lock *locksv1.DistributedLock) []string {
+	var out []string
+	for _, c := range lock.Status.Conditions {
+		out = append(out, c.Type+" "+c.Reason+": "+c.Message)
+	}
+	return out
+}

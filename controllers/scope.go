@@ -1,0 +1,308 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// scope is everything one reconcile of a key knows, loaded once.
+type scope struct {
+	key string
+	// locks are the live locks naming the key whose namespaces may use it,
+	// by namespace and name. Their statuses are computed in place.
+	locks  []*locksv1.DistributedLock
+	before map[types.NamespacedName]*locksv1.DistributedLock
+	// client holds the key with the lease terms of the first lock.
+	client *redislock.Client
+
+	// pods are the pods of the locks' namespaces; nothing outside them is
+	// ever shown, released or written.
+	pods  []*corev1.Pod
+	byUID map[types.UID]*corev1.Pod
+	// candidates are the pods some lock selects, oldest first: the one
+	// waiting order every lock naming the key shares.
+	candidates []*corev1.Pod
+
+	// info is Redis's view of the key; holders are its owners.
+	info    redislock.LockInfo
+	holders []holder
+	// redisErr is why Redis could not be read; notALock is set when the key
+	// holds data that is not a lock.
+	redisErr error
+	notALock bool
+
+	// grantee is the pod the controller granted the key to and that has not
+	// stopped: the grant is sticky until it stops. conflict is set when
+	// somebody else holds the key in Redis meanwhile.
+	grantee  *corev1.Pod
+	conflict bool
+	// after is how soon the key must be looked at again, or 0.
+	after time.Duration
+}
+
+// requeue asks for another look at the key within d.
+func (s *scope) requeue(d time.Duration) {
+	if s.after == 0 || d < s.after {
+		s.after = d
+	}
+}
+
+// holder is an owner of the key in Redis. pod is set when the owner ID
+// starts with the UID of a pod in the scope's namespaces.
+type holder struct {
+	owner  redislock.Owner
+	podUID types.UID
+	pod    *corev1.Pod
+}
+
+func (h holder) byController() bool { return strings.HasSuffix(string(h.owner), ":0") }
+
+// ownerPattern is Redisson's "<id>:<n>". A field of any other shape means
+// the key is some other hash, whose fields are none of the tenant's business.
+var ownerPattern = regexp.MustCompile(`^[^:\s]+:[0-9]+$`)
+
+// loadScope reads the locks naming the key, their pods and Redis.
+func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (*scope, error) {
+	s := &scope{key: key, byUID: map[types.UID]*corev1.Pod{}, before: map[types.NamespacedName]*locksv1.DistributedLock{}}
+	var list locksv1.DistributedLockList
+	if err := r.List(ctx, &list, client.MatchingFields{keyIndex: key}); err != nil {
+		return nil, err
+	}
+	namespaces := map[string]bool{}
+	for i := range list.Items {
+		l := &list.Items[i]
+		if !l.DeletionTimestamp.IsZero() || !r.Keys.Permits(l.Namespace, key) {
+			continue
+		}
+		s.locks = append(s.locks, l)
+		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
+		namespaces[l.Namespace] = true
+	}
+	slices.SortFunc(s.locks, func(a, b *locksv1.DistributedLock) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	for ns := range namespaces {
+		var pods corev1.PodList
+		if err := r.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			return nil, err
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			s.pods = append(s.pods, p)
+			s.byUID[p.UID] = p
+		}
+	}
+	for _, p := range s.pods {
+		if len(s.selectors(p)) > 0 {
+			s.candidates = append(s.candidates, p)
+		}
+	}
+	slices.SortFunc(s.candidates, func(a, b *corev1.Pod) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+
+	terms := leaseTerms{lease: 30 * time.Second, renew: 10 * time.Second} // the API's defaults
+	if len(s.locks) > 0 {
+		terms = termsOf(s.locks[0])
+	}
+	c, err := r.Locks.For(terms)
+	if err != nil {
+		return nil, err
+	}
+	s.client = c
+	if err := s.readRedis(ctx); err != nil {
+		return nil, err
+	}
+	s.grantee = r.granteeOf(s)
+	return s, nil
+}
+
+// readRedis inspects the key and maps its owners to pods.
+func (s *scope) readRedis(ctx context.Context) error {
+	info, err := s.client.Inspect(ctx, s.key)
+	switch {
+	case err != nil && strings.Contains(err.Error(), "WRONGTYPE"):
+		s.notALock = true
+		s.markNotALock()
+		return nil
+	case isRedisError(err):
+		s.redisErr = err
+		return nil
+	case errors.Is(err, redislock.ErrInvalidName):
+		return nil // admission refuses such keys
+	case err != nil:
+		return err
+	}
+	s.info, s.holders = info, nil
+	for _, h := range info.Holders {
+		owner := string(h.Owner)
+		if !ownerPattern.MatchString(owner) {
+			s.notALock = true
+			s.markNotALock()
+			return nil
+		}
+		uid := types.UID(owner[:strings.LastIndexByte(owner, ':')])
+		s.holders = append(s.holders, holder{owner: h.Owner, podUID: uid, pod: s.byUID[uid]})
+	}
+	return nil
+}
+
+func (s *scope) markNotALock() {
+	s.holders = nil
+	for _, l := range s.locks {
+		setCondition(l, locksv1.ConditionReady, "False", "KeyInUse",
+			"the Redis key holds data that is not a lock; choose another spec.key")
+	}
+}
+
+// reread inspects the key again after it changed under a phase.
+func (s *scope) reread(ctx context.Context) error {
+	if err := s.readRedis(ctx); err != nil {
+		return err
+	}
+	if s.redisErr != nil {
+		return s.redisErr
+	}
+	return nil
+}
+
+// locksIn are the scope's locks in the namespace.
+func (s *scope) locksIn(namespace string) []*locksv1.DistributedLock {
+	var out []*locksv1.DistributedLock
+	for _, l := range s.locks {
+		if l.Namespace == namespace {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// selectors are the scope's locks that select the pod.
+func (s *scope) selectors(pod *corev1.Pod) []*locksv1.DistributedLock {
+	var out []*locksv1.DistributedLock
+	for _, l := range s.locksIn(pod.Namespace) {
+		if selects(l, pod) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// granted reports whether a lock of the scope records a controller grant
+// of the key to the pod: its owner annotation names "<pod UID>:0".
+func (s *scope) granted(pod *corev1.Pod) bool {
+	for _, l := range s.locksIn(pod.Namespace) {
+		if pod.Annotations[locksv1.OwnerAnnotationPrefix+l.Name] == string(ownerFor(pod.UID)) {
+			return true
+		}
+	}
+	return false
+}
+
+// guards reports whether a lock of the scope gates the pod.
+func (s *scope) guards(pod *corev1.Pod) bool {
+	for _, l := range s.locksIn(pod.Namespace) {
+		if hasGate(pod, locksv1.GateFor(l.Name)) {
+			return true
+		}
+	}
+	return false
+}
+
+// heldBy is the Redis holder that is the pod, if any.
+func (s *scope) heldBy(uid types.UID) (holder, bool) {
+	for _, h := range s.holders {
+		if h.podUID == uid {
+			return h, true
+		}
+	}
+	return holder{}, false
+}
+
+// holderPod is the pod holding the key in Redis, if it is in the scope.
+func (s *scope) holderPod() *corev1.Pod {
+	if len(s.holders) == 0 {
+		return nil
+	}
+	return s.holders[0].pod
+}
+
+func selects(lock *locksv1.DistributedLock, pod client.Object) bool {
+	selector, err := metav1.LabelSelectorAsSelector(lock.Spec.Candidates.LabelSelector())
+	return err == nil && !selector.Empty() && selector.Matches(labels.Set(pod.GetLabels()))
+}
+
+func hasGate(pod *corev1.Pod, gate string) bool {
+	return slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gate })
+}
+
+// stopped reports whether the pod's containers can no longer run: its phase
+// is Succeeded or Failed, or every container has terminated. A deletion
+// timestamp alone is not enough: the containers run on through the grace
+// period. A pod that is gone has stopped too; callers see it as missing.
+func stopped(pod *corev1.Pod) bool {
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return true
+	}
+	if len(pod.Status.ContainerStatuses) == 0 {
+		return false
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Terminated == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// keyMutex serialises reconciles per key.
+type keyMutex struct {
+	mu    sync.Mutex
+	byKey map[string]*keyEntry
+}
+
+type keyEntry struct {
+	mu    sync.Mutex
+	users int
+}
+
+// lock locks the key and returns its unlock.
+func (k *keyMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.byKey == nil {
+		k.byKey = map[string]*keyEntry{}
+	}
+	e := k.byKey[key]
+	if e == nil {
+		e = &keyEntry{}
+		k.byKey[key] = e
+	}
+	e.users++
+	k.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		if e.users--; e.users == 0 {
+			delete(k.byKey, key)
+		}
+		k.mu.Unlock()
+	}
+}

@@ -1,0 +1,120 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
+
+// defaultStartTimeout is the API's default for spec.startTimeout.
+const defaultStartTimeout = 5 * time.Minute
+
+// watchStartup reports a holder the controller granted the lock to that has
+// not started within each lock's startTimeout, and evicts it if the lock
+// opts in; the lock is released once the pod is gone. Until the deadline,
+// it asks for a look at the key when it falls.
+func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) error {
+	pod := s.holderPod()
+	for _, l := range s.locks {
+		if pod == nil || pod.Namespace != l.Namespace || !s.holders[0].byController() || stopped(pod) {
+			meta.RemoveStatusCondition(&l.Status.Conditions, locksv1.ConditionHolderStarted)
+			continue
+		}
+		if started(pod) {
+			setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionTrue, "Started", pod.Name+" is running")
+			continue
+		}
+		timeout := defaultStartTimeout
+		if l.Spec.StartTimeout != nil {
+			timeout = l.Spec.StartTimeout.Duration
+		}
+		since := grantedAt(pod, l.Name)
+		if wait := time.Until(since.Add(timeout)); wait > 0 {
+			setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionUnknown, "Starting",
+				fmt.Sprintf("%s was granted the lock and has not started yet: %s", pod.Name, whyNotStarted(pod)))
+			s.requeue(wait)
+			continue
+		}
+		// The message names the bound, not the time elapsed, so it stays
+		// the same and the status is not rewritten on every reconcile.
+		msg := fmt.Sprintf("%s has not started for %s: %s", pod.Name, shortDuration(timeout), whyNotStarted(pod))
+		was := meta.FindStatusCondition(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionHolderStarted)
+		if was == nil || was.Reason != "NotStarted" {
+			r.Recorder.Event(l, corev1.EventTypeWarning, "NotStarted", msg)
+		}
+		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionFalse, "NotStarted", msg)
+		if l.Spec.DeleteUnstarted && pod.DeletionTimestamp.IsZero() {
+			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+			if err := client.IgnoreNotFound(r.SubResource("eviction").Create(ctx, pod, eviction)); err != nil {
+				return err
+			}
+			r.Recorder.Eventf(l, corev1.EventTypeWarning, "Evicted", "Evicted %s, which had not started within %v; the lock is released once it is gone", pod.Name, timeout)
+		}
+	}
+	return nil
+}
+
+// started reports whether the pod runs: phase Running, and every container
+// running (a crash-looping container waits, though the phase stays Running).
+func started(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) == 0 {
+		return false
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Running == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// grantedAt is when the pod was marked as the lock's holder, or now if the
+// mark is missing or unreadable.
+func grantedAt(pod *corev1.Pod, lock string) time.Time {
+	t, err := time.Parse(time.RFC3339, pod.Annotations[locksv1.SinceAnnotationPrefix+lock])
+	if err != nil {
+		return time.Now()
+	}
+	return t
+}
+
+// whyNotStarted says, from the pod's status, what keeps it from running.
+func whyNotStarted(pod *corev1.Pod) string {
+	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" {
+			return w.Reason
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason != "" {
+			return c.Reason
+		}
+	}
+	if pod.Spec.NodeName == "" {
+		return "not scheduled yet"
+	}
+	return "phase " + string(pod.Status.Phase)
+}
+
+// shortDuration prints 5m rather than 5m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

@@ -1,0 +1,94 @@
+package controllers
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// computeStatuses sets each lock's status from the scope. A lock only ever
+// shows pods of its own namespace: a holder elsewhere is reported as such,
+// unnamed.
+func (r *DistributedLockReconciler) computeStatuses(s *scope) {
+	holderPod := s.holderPod()
+	waiting := r.waiting(s)
+	for _, l := range s.locks {
+		st := &l.Status
+		st.Key = s.key
+		setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the key is this namespace's to use")
+		switch {
+		case len(s.holders) == 0:
+			st.Holder = nil
+			setCondition(l, locksv1.ConditionHeld, metav1.ConditionFalse, "Free", "Nobody holds the lock")
+		case holderPod != nil && holderPod.Namespace == l.Namespace:
+			h := s.holders[0]
+			next := &locksv1.LockHolder{PodName: holderPod.Name, PodUID: string(h.podUID), OwnerID: string(h.owner),
+				GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now()}
+			if st.Holder != nil && st.Holder.OwnerID == next.OwnerID && st.Holder.Token == next.Token {
+				next.Since = st.Holder.Since
+			}
+			st.Holder = next
+			setCondition(l, locksv1.ConditionHeld, metav1.ConditionTrue, "Held", "Held by pod "+holderPod.Name)
+		default:
+			st.Holder = nil
+			setCondition(l, locksv1.ConditionHeld, metav1.ConditionTrue, "HeldElsewhere", "Held by an owner outside this namespace")
+		}
+		switch {
+		case s.conflict && s.grantee.Namespace == l.Namespace:
+			setCondition(l, locksv1.ConditionConflict, metav1.ConditionTrue, "HeldByAnother",
+				"Another owner holds the key in Redis, but pod "+s.grantee.Name+" was granted it and has not stopped; nobody else is granted the lock until it stops")
+		case s.conflict:
+			setCondition(l, locksv1.ConditionConflict, metav1.ConditionTrue, "HeldByAnother",
+				"Another owner holds the key in Redis while a pod granted it has not stopped; nobody else is granted the lock until it stops")
+		default:
+			setCondition(l, locksv1.ConditionConflict, metav1.ConditionFalse, "NoConflict", "The holder in Redis is the pod granted the lock, or nobody")
+		}
+		st.Waiting = nil
+		for _, p := range waiting {
+			if p.Namespace == l.Namespace {
+				st.Waiting = append(st.Waiting, p.Name)
+			}
+		}
+		st.WaitingCount = int32(len(st.Waiting))
+		r.Metrics.record(l, len(s.holders) > 0, len(st.Waiting))
+	}
+}
+
+// waiting are the eligible candidates other than the holder and the
+// grantee, in the order they will be granted the key.
+func (r *DistributedLockReconciler) waiting(s *scope) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, p := range s.candidates {
+		if _, holds := s.heldBy(p.UID); holds || (s.grantee != nil && p.UID == s.grantee.UID) {
+			continue
+		}
+		if ok, err := r.eligible(context.Background(), s, p); err == nil && ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// stopTime is when the pod stopped, as far as the API shows: the last
+// container's end, or the last condition's change.
+func stopTime(pod *corev1.Pod) time.Time {
+	var latest time.Time
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil && t.FinishedAt.After(latest) {
+			latest = t.FinishedAt.Time
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.LastTransitionTime.After(latest) {
+			latest = c.LastTransitionTime.Time
+		}
+	}
+	if latest.IsZero() {
+		return time.Now()
+	}
+	return latest
+}
