@@ -35,6 +35,11 @@ type lockKeys struct {
 	// noticePrefix + client ID is the lock's notice channel for a client:
 	// "lockwarden_lock__notice:" + tag + ":" + client ID.
 	noticePrefix string
+	// members is the channel every lockwarden client waiting for the lock
+	// listens on, and nobody publishes on: its count of listeners tells
+	// them apart from other clients on the release channel (see
+	// outsiders_wait in scripts/lib.lua).
+	members string
 	// all is the KEYS list of every script but renew.lua, in the order
 	// scripts/lib.lua gives; acquire and release add a request latch.
 	all []string
@@ -67,6 +72,7 @@ func keysFor(name string) lockKeys {
 		channel:      channel,
 		tag:          tag,
 		noticePrefix: noticePrefix + tag + ":",
+		members:      noticePrefix + tag,
 		all: []string{name, channel, tokenPrefix + tag,
 			queuePrefix + tag, queueEntryPrefix + tag},
 	}

@@ -11,12 +11,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Subscriptions. A client listens on two channels for each lock it waits
+// Subscriptions. A client listens on three channels for each lock it waits
 // for: the lock's release channel, where "0" is published when the lock is
-// freed, and the lock's notice channel for this client, where the scripts
-// tell its waiters that the lock was handed to them or that they head the
-// queue. Both carry the lock's hash tag, so a script publishes to them
-// within the lock's own slot.
+// freed; the lock's notice channel for this client, where the scripts tell
+// its waiters that the lock was handed to them or that they head the queue;
+// and the lock's members channel, which only counts lockwarden's listeners
+// (see lockKeys.members). All carry the lock's hash tag, so a script reaches
+// them within the lock's own slot.
 //
 // On a Redis Cluster with sharded pub/sub (Redis 7 and later), the scripts
 // publish with SPUBLISH and the client listens with SSUBSCRIBE, as Redisson
@@ -42,6 +43,7 @@ const (
 type subscription struct {
 	lock             string
 	release, notice  string
+	members          string // see lockKeys.members
 	conn             *pubsubConn
 	confirmed        chan struct{} // closed once Redis confirmed both channels
 	pending          int           // confirmations still awaited
@@ -100,6 +102,7 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 			lock:      keys.name,
 			release:   keys.channel,
 			notice:    keys.noticePrefix + ws.c.opts.ID,
+			members:   keys.members,
 			confirmed: make(chan struct{}),
 			pending:   2,
 		}
@@ -115,9 +118,9 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 		ws.channels[sub.release], ws.channels[sub.notice] = sub, sub
 		var err error
 		if ws.sharded {
-			err = sub.conn.ps.SSubscribe(ctx, sub.release, sub.notice)
+			err = sub.conn.ps.SSubscribe(ctx, sub.release, sub.notice, sub.members)
 		} else {
-			err = sub.conn.ps.Subscribe(ctx, sub.release, sub.notice)
+			err = sub.conn.ps.Subscribe(ctx, sub.release, sub.notice, sub.members)
 		}
 		if err != nil {
 			ws.dropLocked(sub)
@@ -149,7 +152,7 @@ func (ws *waiting) dropLocked(sub *subscription) {
 		_ = sub.conn.ps.Close()
 		return
 	}
-	_ = sub.conn.ps.Unsubscribe(context.Background(), sub.release, sub.notice)
+	_ = sub.conn.ps.Unsubscribe(context.Background(), sub.release, sub.notice, sub.members)
 }
 
 // close ends every subscription and wakes every waiter, which then sees the

@@ -191,24 +191,27 @@ end
 --
 -- Redisson clients wait outside the queue, on the release channel, and take
 -- the lock only when they find it free; handed over from one lockwarden
--- waiter to the next, it would never be. So when the channel has more
--- listeners than the queued waiters (each of whose clients listens once) and
--- the releasing client, some are not lockwarden's, and the turns are kept
--- even. A release that frees the lock, theirs or ours, starts a race between
--- them and the head of the queue; each race the head loses (see acquire.lua)
--- is owed to the queue, under '~owed' in the entries hash, a field no owner
--- ID can be. A lockwarden release hands the lock over while the queue is
--- owed turns, one per release, and otherwise leaves it free and tells the
--- head to race. With classic pub/sub in a Cluster, the listeners counted are
--- those on the lock's own node only; sharded ones are all there.
-local function outsiders_wait(queued)
-  local listeners
+-- waiter to the next, it would never be. Every lockwarden client that
+-- listens on the release channel also listens on the lock's members channel,
+-- "lockwarden_lock__notice:{<name>}" (the notice prefix without a client ID),
+-- on which nothing is published: more listeners on the first than on the
+-- second are not lockwarden's. Then the turns are kept even. A release that
+-- frees the lock, theirs or ours, starts a race between them and the head of
+-- the queue; each race the head loses (see acquire.lua) is owed to the
+-- queue, under '~owed' in the entries hash, a field no owner ID can be. A
+-- lockwarden release hands the lock over while the queue is owed turns, one
+-- per release, and otherwise leaves it free and tells the head to race.
+-- With classic pub/sub in a Cluster, the listeners counted are those on the
+-- lock's own node only; sharded ones are all there.
+local function outsiders_wait(prefix)
+  local members = string.sub(prefix, 1, -2)
+  local counts
   if publish_command == 'spublish' then
-    listeners = redis.call('pubsub', 'shardnumsub', KEYS[2])[2]
+    counts = redis.call('pubsub', 'shardnumsub', KEYS[2], members)
   else
-    listeners = redis.call('pubsub', 'numsub', KEYS[2])[2]
+    counts = redis.call('pubsub', 'numsub', KEYS[2], members)
   end
-  return listeners > queued + 1
+  return counts[2] > counts[4]
 end
 
 local function free_lock(prefix, claimTTL)
@@ -217,7 +220,7 @@ local function free_lock(prefix, claimTTL)
     publish(KEYS[2], '0')
     return
   end
-  if outsiders_wait(queued) then
+  if outsiders_wait(prefix) then
     if tonumber(redis.call('hget', KEYS[5], '~owed') or 0) > 0 then
       redis.call('hincrby', KEYS[5], '~owed', -1)
     else
