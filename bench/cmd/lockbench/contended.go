@@ -45,6 +45,17 @@ func (r *contendedResult) cmdsPerAcq() float64 {
 	return float64(r.sent().total) / float64(r.acquisitions)
 }
 
+// serverCmdsPerAcq is the Redis commands per acquisition as INFO
+// commandstats counts them: every call in the windows' deltas, commands that
+// scripts call included, but not the harness's own INFO calls that open and
+// close each window.
+func (r *contendedResult) serverCmdsPerAcq() float64 {
+	if r.acquisitions == 0 {
+		return 0
+	}
+	return float64(r.server.calls()) / float64(r.acquisitions)
+}
+
 type sample struct {
 	start, acquired time.Duration // since the run's base time
 	hold            time.Duration

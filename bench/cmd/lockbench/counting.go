@@ -207,6 +207,19 @@ func (d cmdStats) pubsub() int64 {
 	return n
 }
 
+// calls is the number of calls of every command, except INFO (which only
+// the harness sends here, to read the counters).
+func (d cmdStats) calls() int64 {
+	var n int64
+	for k, v := range d {
+		if strings.Contains(k, "#") || k == "info" {
+			continue
+		}
+		n += v
+	}
+	return n
+}
+
 func (d cmdStats) evals() int64 {
 	return d["evalsha"] + d["eval"] + d["evalsha_ro"] + d["eval_ro"]
 }
