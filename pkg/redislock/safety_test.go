@@ -389,23 +389,12 @@ func TestWaiterWithoutSubscriptionPolls(t *testing.T) {
 	name := lockName(t)
 	holder := mustLock(t, testContext(t), newMutex(t, holderClient, name, nil))
 
-	got := make(chan *redislock.Hold, 1)
-	go func() {
-		h, err := newMutex(t, waiterClient, name, nil).Lock(ctx) // context.Background: no bound but the library's
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
+	// context.Background: no bound but the library's own.
+	got := lockInBackground(t, ctx, newMutex(t, waiterClient, name, nil))
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
 	mustUnlock(t, ctx, holder)
-	select {
-	case h := <-got:
-		if h != nil {
-			mustUnlock(t, ctx, h)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a waiter without a confirmed subscription never got the lock")
+	if h := receiveHold(t, got, 10*time.Second, "the lock reaching a waiter without a confirmed subscription"); h != nil {
+		mustUnlock(t, ctx, h)
 	}
 }
 
@@ -421,23 +410,11 @@ func TestHandOverReachesAnOwnerOfAnotherPrefix(t *testing.T) {
 	name := lockName(t)
 	holder := mustLock(t, ctx, newMutex(t, holderClient, name, nil))
 
-	got := make(chan *redislock.Hold, 1)
-	go func() {
-		h, err := newMutex(t, waiterClient, name, &redislock.MutexOptions{Owner: "pod-uid-of-someone-else:7"}).Lock(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- h
-	}()
+	got := lockInBackground(t, ctx, newMutex(t, waiterClient, name, &redislock.MutexOptions{Owner: "pod-uid-of-someone-else:7"}))
 	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
 	mustUnlock(t, ctx, holder)
-	select {
-	case h := <-got:
-		if h != nil {
-			mustUnlock(t, ctx, h)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the hand-over notice never reached a waiter whose owner has another prefix")
+	if h := receiveHold(t, got, 10*time.Second, "the hand-over notice reaching a waiter whose owner has another prefix"); h != nil {
+		mustUnlock(t, ctx, h)
 	}
 }
 
@@ -612,11 +589,10 @@ func TestLockKeysExpire(t *testing.T) {
 	w := newClient(t, b.newRedis(t), opts)
 	name := lockName(t)
 	holder := mustLock(t, ctx, newMutex(t, a, name, nil))
-	got := make(chan *redislock.Hold, 1)
-	go func() { h, _ := newMutex(t, w, name, nil).Lock(ctx); got <- h }()
+	got := lockInBackground(t, ctx, newMutex(t, w, name, nil))
 	waitFor(t, func() bool { return len(inspect(t, a, name).Waiters) == 1 }, "the waiter to queue")
 	mustUnlock(t, ctx, holder)
-	mustUnlock(t, ctx, <-got)
+	mustUnlock(t, ctx, receiveHold(t, got, 10*time.Second, "the hand-over"))
 
 	rdb := srv.Client(t)
 	keys, err := rdb.Keys(ctx, "*").Result()
