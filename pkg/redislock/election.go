@@ -58,6 +58,11 @@ func (c *Client) RunElection(ctx context.Context, e Election) error {
 		hold, err := m.Lock(ctx)
 		switch {
 		case ctx.Err() != nil:
+			if hold != nil { // taken as ctx ended: a standby must not wait out its lease
+				releaseCtx, done := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
+				_ = hold.Unlock(releaseCtx)
+				done()
+			}
 			return nil
 		case errors.Is(err, ErrClosed):
 			return err

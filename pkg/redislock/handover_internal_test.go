@@ -25,13 +25,13 @@ func TestLeaveUndoesALateHandOver(t *testing.T) {
 	lease, _ := m.leaseTerms()
 	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
 	for i, owner := range []Owner{holder, gaveUp, next} {
-		res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, false)
+		res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, false, string(owner))
 		if err != nil || res.acquired != (i == 0) {
 			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
 		}
 	}
 
-	if n, err := c.release(ctx, &m.keys, holder, 0, lease, newRequestID(), false); err != nil || n != 0 {
+	if n, err := c.release(ctx, &m.keys, holder, 0, lease, newRequestID(), ""); err != nil || n != 0 {
 		t.Fatalf("release = %d, %v; want 0", n, err)
 	}
 	info, err := c.Inspect(ctx, m.Name())
@@ -39,7 +39,7 @@ func TestLeaveUndoesALateHandOver(t *testing.T) {
 		t.Fatalf("after the release the lock is %+v (%v), want handed to %s", info, err, gaveUp)
 	}
 
-	c.leaveQueue(ctx, m, gaveUp)
+	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), gaveUp}, ticket: string(gaveUp)})
 	info, err = c.Inspect(ctx, m.Name())
 	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != next || info.Holders[0].Count != 1 || len(info.Waiters) != 0 {
 		t.Fatalf("after the late waiter left the lock is %+v (%v), want handed on to %s with nobody queued", info, err, next)
@@ -61,10 +61,10 @@ func TestLeaveKeepsAHoldThatWasNotGranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := c.NewOwner()
-	if res, err := c.tryAcquire(ctx, m, owner, 0, false, false); err != nil || !res.acquired {
+	if res, err := c.tryAcquire(ctx, m, owner, 0, false, false, ""); err != nil || !res.acquired {
 		t.Fatalf("acquire: acquired %v, %v", res.acquired, err)
 	}
-	c.leaveQueue(ctx, m, owner)
+	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), owner}, ticket: "a Lock call of the owner"})
 	info, err := c.Inspect(ctx, m.Name())
 	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != owner {
 		t.Fatalf("after a leave by an owner that held the lock by itself, the lock is %+v (%v), want still held", info, err)
@@ -87,15 +87,15 @@ func TestLeaveTwiceUndoesOneGrant(t *testing.T) {
 	lease, _ := m.leaseTerms()
 	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
 	for i, owner := range []Owner{holder, gaveUp, next} {
-		if res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, false); err != nil || res.acquired != (i == 0) {
+		if res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, false, string(owner)); err != nil || res.acquired != (i == 0) {
 			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
 		}
 	}
-	if n, err := c.release(ctx, &m.keys, holder, 0, lease, newRequestID(), false); err != nil || n != 0 {
+	if n, err := c.release(ctx, &m.keys, holder, 0, lease, newRequestID(), ""); err != nil || n != 0 {
 		t.Fatalf("release = %d, %v; want 0", n, err)
 	}
-	c.leaveQueue(ctx, m, gaveUp)
-	c.leaveQueue(ctx, m, gaveUp)
+	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), gaveUp}, ticket: string(gaveUp)})
+	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), gaveUp}, ticket: string(gaveUp)})
 	info, err := c.Inspect(ctx, m.Name())
 	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != next || info.Holders[0].Count != 1 {
 		t.Fatalf("after the late waiter left twice the lock is %+v (%v), want held once by %s", info, err, next)

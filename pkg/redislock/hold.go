@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -16,8 +17,11 @@ type Hold struct {
 	mu       sync.Mutex
 	unlocked bool
 	// request is the release in flight: an Unlock that failed for want of
-	// Redis is retried with the same request, so it cannot undo two levels.
-	request string
+	// Redis is retried with the same request, so it cannot undo two levels,
+	// for as long as Redis keeps the request's result (requestSent is when
+	// it was first sent).
+	request     string
+	requestSent time.Time
 }
 
 // Name returns the lock name.
@@ -59,9 +63,11 @@ func (h *Hold) Err() error { return h.own.err() }
 // Redis in those cases. If Redis cannot be
 // reached it returns ErrUnavailable. An Unlock that is not the last keeps
 // its level then, under the watchdog: call Unlock again, and it resends the
-// same request, which Redis applies at most once. The last Unlock ends the
-// ownership whatever the outcome: renewal stops, and if Redis still has the
-// lock, its lease runs out.
+// same request, which Redis applies at most once, if called again within
+// the time Redis keeps the request's result (see Options.QueueTTL and
+// request.go; 49 s with go-redis's defaults); later, the level is given up
+// without a resend. The last Unlock ends the ownership whatever the outcome:
+// renewal stops, and if Redis still has the lock, its lease runs out.
 func (h *Hold) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -73,8 +79,15 @@ func (h *Hold) Unlock(ctx context.Context) error {
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
-	if h.request == "" {
-		h.request = newRequestID()
+	switch {
+	case h.request == "":
+		h.request, h.requestSent = newRequestID(), time.Now()
+	case time.Since(h.requestSent) > c.latchTTL-c.resolveWindow:
+		// Redis may have forgotten what the first attempt did: sent again,
+		// it could undo a second level. So the level is given up here.
+		h.unlocked = true
+		c.giveUpLevel(o)
+		return fmt.Errorf("%w: this Unlock's first attempt is too old to learn what it did; its level is given up, and runs out with the lease if Redis kept it", ErrUnavailable)
 	}
 
 	// Shared with other Unlocks, exclusive with a renewal batch: a renewal
@@ -84,7 +97,7 @@ func (h *Hold) Unlock(ctx context.Context) error {
 
 	c.mu.Lock()
 	replaced := c.held[o.key] != nil && c.held[o.key] != o
-	last, granted, lease := o.levels <= 1, o.granted, o.lease
+	last, ticket, lease := o.levels <= 1, o.ticket, o.lease
 	c.mu.Unlock()
 	if replaced {
 		// A newer ownership of the same owner holds the lock (it was
@@ -95,7 +108,7 @@ func (h *Hold) Unlock(ctx context.Context) error {
 	}
 
 	sent := time.Now()
-	remaining, err := c.release(ctx, o.keys, o.key.owner, o.token, lease, h.request, granted)
+	remaining, err := c.release(ctx, o.keys, o.key.owner, o.token, lease, h.request, ticket)
 	if err != nil {
 		if !last {
 			return err
@@ -132,6 +145,18 @@ func (h *Hold) Unlock(ctx context.Context) error {
 	}
 }
 
+// giveUpLevel forgets one level of o without telling Redis. The last one
+// ends o, so renewal stops and whatever Redis still holds runs out.
+func (c *Client) giveUpLevel(o *ownership) {
+	c.mu.Lock()
+	o.levels--
+	last := o.levels <= 0
+	c.mu.Unlock()
+	if last {
+		c.end(o, ErrReleased)
+	}
+}
+
 // ownership is one owner's hold on a lock in one client, from the Lock that
 // took it to the Unlock that freed it, shared by the Holds of its
 // re-entries.
@@ -148,9 +173,10 @@ type ownership struct {
 	levels   int // Holds not yet unlocked
 	lease    time.Duration
 	watchdog bool
-	// granted is set when the ownership began as a grant to a queued waiter
-	// (see scripts/lib.lua), whose record its release clears.
-	granted     bool
+	// ticket is that of the Lock call the ownership began with, if it
+	// waited: a grant to it still recorded (see scripts/lib.lua) is cleared
+	// by the release.
+	ticket      string
 	deadline    time.Time // local monotonic deadline of the ownership
 	deadlineSet time.Time // send time of the call that set deadline
 	// confirmBy, if set, is when a lease shortened by its hand-over gets
@@ -199,7 +225,7 @@ func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time)
 		delete(c.held, key)
 	}
 	if o == nil {
-		o = &ownership{c: c, key: key, keys: &m.keys, token: res.token, acquired: res.sent, granted: res.granted}
+		o = &ownership{c: c, key: key, keys: &m.keys, token: res.token, acquired: res.sent, ticket: res.ticket}
 		o.ctx, o.cancel = context.WithCancelCause(context.Background())
 		o.timer = time.AfterFunc(time.Hour, func() { c.checkDeadline(o) })
 		c.held[key] = o

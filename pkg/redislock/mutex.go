@@ -132,7 +132,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	start := time.Now()
 	if wait == 0 {
 		// A single attempt, which neither queues nor waits.
-		res, err := c.tryAcquire(ctx, m, owner, 0, false, false)
+		res, err := c.tryAcquire(ctx, m, owner, 0, false, false, "")
 		if err != nil {
 			return nil, err
 		}
@@ -178,9 +178,9 @@ type acquireResult struct {
 	// handover, above 0, is the lease a hand-over granted, which may be
 	// shorter than the one asked for (see free_lock in scripts/lib.lua).
 	handover time.Duration
-	// granted is set when the lock came as a grant to the queued waiter
-	// (see scripts/lib.lua) that its release must clear.
-	granted bool
+	// ticket is the ticket of the waiting Lock call that took the lock, ""
+	// for one that did not wait.
+	ticket string
 }
 
 // tryAcquire runs the acquire script once: one round trip, or one pipelined
@@ -188,9 +188,9 @@ type acquireResult struct {
 // lost, the same request is sent again until Redis answers (see request.go).
 // queued is set for an owner already queued, which takes a grant to it
 // (see acquire.lua's ARGV[5]); afterRelease for an attempt made on a release
-// message (ARGV[8]). If ctx ended while the outcome was being
+// message (ARGV[8]); ticket is the waiting Lock call's (ARGV[9]). If ctx ended while the outcome was being
 // found out and the lock was taken, it is released again.
-func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, queued, afterRelease bool) (acquireResult, error) {
+func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, queued, afterRelease bool, ticket string) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
 		return acquireResult{}, err // nothing sent, nothing to undo
 	}
@@ -198,7 +198,7 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 	request := newRequestID()
 	keys := m.keys.withLatch(request)
 	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), m.keys.noticePrefix, queued,
-		c.latchTTL.Milliseconds(), c.opts.ID, afterRelease}
+		c.latchTTL.Milliseconds(), c.opts.ID, afterRelease, ticket}
 
 	res := acquireResult{sent: time.Now()}
 	reply, err := resolved(ctx, c, func(ctx context.Context) ([]any, error) {
@@ -225,7 +225,7 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL
 	value, _ := reply[1].(int64)
 	third, _ := reply[2].(int64)
 	if status == 1 {
-		res.acquired, res.token, res.granted = true, value, queued
+		res.acquired, res.token, res.ticket = true, value, ticket
 	} else {
 		res.pttl, res.head = time.Duration(value)*time.Millisecond, third == 1
 		res.token, _ = reply[3].(int64)
@@ -290,7 +290,7 @@ func (c *Client) undoAcquire(ctx context.Context, m *Mutex, owner Owner, res acq
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
 	defer cancel()
 	lease, _ := m.leaseTerms()
-	_, _ = c.release(uctx, &m.keys, owner, res.token, lease, newRequestID(), res.granted)
+	_, _ = c.release(uctx, &m.keys, owner, res.token, lease, newRequestID(), res.ticket)
 }
 
 // release runs the release script: it undoes one level of the owner's hold
@@ -298,11 +298,11 @@ func (c *Client) undoAcquire(ctx context.Context, m *Mutex, owner Owner, res acq
 // that frees the lock hands it to the next live waiter. lease is restored
 // while levels remain. A lost reply is resolved by sending the same
 // request again. It returns the script's reply (see release.lua).
-func (c *Client) release(ctx context.Context, keys *lockKeys, owner Owner, token int64, lease time.Duration, request string, granted bool) (int64, error) {
+func (c *Client) release(ctx context.Context, keys *lockKeys, owner Owner, token int64, lease time.Duration, request, ticket string) (int64, error) {
 	latched := keys.withLatch(request)
 	n, err := resolved(ctx, c, func(ctx context.Context) (int64, error) {
 		return c.scripts.release.Run(ctx, c.rdb, latched, string(owner), lease.Milliseconds(),
-			keys.noticePrefix, c.opts.QueueTTL.Milliseconds(), c.latchTTL.Milliseconds(), granted, token).Int64()
+			keys.noticePrefix, c.opts.QueueTTL.Milliseconds(), c.latchTTL.Milliseconds(), ticket, token).Int64()
 	})
 	return n, failure(ctx, err)
 }

@@ -49,9 +49,12 @@ type waiting struct {
 
 // waiter is one Lock call that may wait.
 type waiter struct {
-	key  holdKey
-	wake chan struct{} // buffered: one pending wake-up is enough
-	done chan struct{} // closed when the call stops waiting
+	key holdKey
+	// ticket identifies the call in Redis: its queue entry, and a grant to
+	// it, are its own, not those of another call of the same owner.
+	ticket string
+	wake   chan struct{} // buffered: one pending wake-up is enough
+	done   chan struct{} // closed when the call stops waiting
 
 	// Guarded by waiting.mu.
 	sub      *subscription // the lock's subscription, once the waiter is on it
@@ -116,7 +119,7 @@ func (ws *waiting) enter(ctx context.Context, keys *lockKeys, owner Owner, bound
 		}
 		other := ws.slots[key]
 		if other == nil {
-			w := &waiter{key: key, wake: make(chan struct{}, 1), done: make(chan struct{})}
+			w := &waiter{key: key, ticket: newRequestID(), wake: make(chan struct{}, 1), done: make(chan struct{})}
 			ws.slots[key] = w
 			if sub := ws.subs[keys.name]; sub != nil {
 				sub.add(w)
@@ -194,7 +197,9 @@ func (ws *waiting) notice(payload string) {
 	}
 	switch kind {
 	case "g":
-		if len(fields) != 5 {
+		// A hand-over to another call of the owner (an earlier one's, read
+		// late) carries another ticket.
+		if len(fields) != 6 || fields[5] != w.ticket {
 			return
 		}
 		token, err1 := strconv.ParseInt(fields[3], 10, 64)
@@ -226,7 +231,7 @@ func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex, takeHandove
 	afterRelease := w.head && releases != w.releasesTried
 	w.releasesTried = releases
 	ws.mu.Unlock()
-	res, err := ws.c.tryAcquire(ctx, m, w.key.owner, ws.c.opts.QueueTTL, takeHandover, afterRelease)
+	res, err := ws.c.tryAcquire(ctx, m, w.key.owner, ws.c.opts.QueueTTL, takeHandover, afterRelease, w.ticket)
 	if err == nil && !res.acquired {
 		ws.mu.Lock()
 		w.queuedSent = res.sent
@@ -258,7 +263,7 @@ func (ws *waiting) takeHandover(w *waiter) (res acquireResult, ok, retry bool) {
 		// have the hand-over.
 		return acquireResult{}, false, true
 	}
-	return acquireResult{acquired: true, token: h.token, sent: sent, handover: h.lease, granted: true}, true, false
+	return acquireResult{acquired: true, token: h.token, sent: sent, handover: h.lease, ticket: w.ticket}, true, false
 }
 
 // wait blocks until w's owner holds the lock, after a first attempt that
@@ -276,7 +281,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 	giveUp := func(err error) (acquireResult, error) {
 		leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
 		defer cancel()
-		c.leaveQueue(leaveCtx, m, w.key.owner)
+		c.leaveQueue(leaveCtx, m, w)
 		return acquireResult{}, err
 	}
 
@@ -311,6 +316,10 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 	for {
 		handed, took, stale := ws.takeHandover(w)
 		if took {
+			if err := ctx.Err(); err != nil {
+				// The caller is gone: the hand-over must not outlive it.
+				return giveUp(err)
+			}
 			return handed, nil
 		}
 		if retry || stale {
@@ -367,7 +376,7 @@ func (c *Client) fallback(pttl time.Duration) time.Duration {
 // position on, or undoes a hand-over to it that came too late. Best effort:
 // an entry left behind expires after QueueTTL, and a hand-over's lease is at
 // most the QueueTTL of the client that handed it over.
-func (c *Client) leaveQueue(ctx context.Context, m *Mutex, owner Owner) {
+func (c *Client) leaveQueue(ctx context.Context, m *Mutex, w *waiter) {
 	_ = c.scripts.leave.Run(ctx, c.rdb, m.keys.all,
-		string(owner), m.keys.noticePrefix, c.opts.QueueTTL.Milliseconds()).Err()
+		string(w.key.owner), m.keys.noticePrefix, c.opts.QueueTTL.Milliseconds(), w.ticket).Err()
 }

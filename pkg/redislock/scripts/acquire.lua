@@ -10,6 +10,8 @@
 -- ARGV[6] how long the request's latch is kept, in ms
 -- ARGV[7] the client ID whose notice channel reaches the owner
 -- ARGV[8] '1' when the attempt follows a release message: the lock was freed
+-- ARGV[9] the ticket of the Lock call, '' for one that does not wait: a
+--         queued call takes only a grant made to its own ticket
 --
 -- Returns {1, token, count} when the owner holds the lock (count is its
 -- reentry count), or {0, pttl, isHead, token} when it does not. pttl is the
@@ -43,7 +45,7 @@ if redis.call('hexists', KEYS[1], owner) == 1 then
     return {1, tonumber(token), tonumber(count)}
   end
   local count
-  if ARGV[5] == '1' and granted(owner) then
+  if ARGV[5] == '1' and granted(owner, ARGV[9]) then
     -- The waiter takes the lock given to it: the level the grant made.
     redis.call('hdel', KEYS[5], owner)
     count = tonumber(redis.call('hget', KEYS[1], owner))
@@ -62,14 +64,16 @@ local pttl = redis.call('pttl', KEYS[1])
 if pttl == -2 then
   -- Free, and only the live head of the queue (if any is left) may take it.
   pttl = 0
-  local head = live_head()
-  if not head or head == owner then
+  local head, _, _, ticket = live_head()
+  -- The head's own call takes it; another call of the same owner (a TryLock,
+  -- or another client's Lock) waits its turn like anyone else's.
+  if not head or (head == owner and ARGV[9] ~= '' and ticket == ARGV[9]) then
     redis.call('hset', KEYS[1], owner, 1)
     redis.call('pexpire', KEYS[1], lease)
     local token = next_token()
     if head then
       redis.call('zrem', KEYS[4], owner)
-      grant(owner, token)
+      grant(owner, token, ARGV[9])
       local next, _, client = live_head()
       if next then
         notify(ARGV[4], client, next, '0')
@@ -80,7 +84,7 @@ if pttl == -2 then
 end
 
 if queueTTL > 0 then
-  enqueue(owner, lease, queueTTL, ARGV[7])
+  enqueue(owner, lease, queueTTL, ARGV[7], ARGV[9])
 end
 local isHead = 0
 if redis.call('zrange', KEYS[4], 0, 0)[1] == owner then

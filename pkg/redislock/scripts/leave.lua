@@ -1,17 +1,20 @@
--- leave: take a waiter that gave up out of the wait queue, and hand the head
--- position on if it had it. If the lock was given to the waiter before it
+-- leave: take a Lock call that gave up out of the wait queue, and hand the
+-- head position on if it had it. If the lock was given to the call before it
 -- could leave (its grant, see lib.lua, is still there), undo exactly that
 -- level. KEYS: see lib.lua.
 --
 -- ARGV[1] owner ID
 -- ARGV[2] notice channel prefix
 -- ARGV[3] longest lease in ms of a hand-over to the next waiter
+-- ARGV[4] the call's ticket: the owner's place or grant is the call's to give
+--         up only if it carries this ticket, not another call's of the owner
 --
--- Returns 1 when the owner was queued, 2 when a grant to it was undone, 0
+-- Returns 1 when the call was queued, 2 when a grant to it was undone, 0
 -- otherwise. Running it twice changes nothing more: the second run finds the
--- owner neither queued nor granted.
-local owner = ARGV[1]
-if redis.call('zscore', KEYS[4], owner) then
+-- call neither queued nor granted.
+local owner, ticket = ARGV[1], ARGV[4]
+local _, _, queuedTicket = parse_entry(redis.call('hget', KEYS[5], owner))
+if redis.call('zscore', KEYS[4], owner) and queuedTicket == ticket then
   local head = live_head()
   dequeue(owner)
   if head == owner then
@@ -26,7 +29,7 @@ if redis.call('zscore', KEYS[4], owner) then
   end
   return 1
 end
-if granted(owner) then
+if granted(owner, ticket) then
   redis.call('hdel', KEYS[5], owner)
   local count = tonumber(redis.call('hget', KEYS[1], owner))
   if count then

@@ -11,17 +11,19 @@
 --
 -- The queue is lockwarden's own addition to Redisson's layout: a sorted set of
 -- waiting owner IDs scored by arrival time (KEYS[4]), and a hash (KEYS[5])
--- from each to "<expiry ms> <lease ms> <client ID>": when its entry lapses,
--- the lease it asked for, and the client whose notice channel reaches it. A
--- waiter that stops refreshing its entry (a crashed process) is pruned once
--- its entry lapses. Both keys expire when no waiter has refreshed them for two
--- queue TTLs, so an abandoned queue costs no memory for long.
+-- from each to "<expiry ms> <lease ms> <client ID> <ticket>": when its entry
+-- lapses, the lease it asked for, the client whose notice channel reaches it,
+-- and the ticket of the Lock call that waits (a call's own ID: calls of one
+-- owner from two clients share the owner's place, not its grants). A waiter
+-- that stops refreshing its entry (a crashed process) is pruned once its entry
+-- lapses. Both keys expire when no waiter has refreshed them for two queue
+-- TTLs, so an abandoned queue costs no memory for long.
 --
--- When a queued waiter is given the lock (a hand-over, or its own attempt),
--- its entry becomes a grant, "g <token>", until the waiter takes it. The grant
--- is what lets a retry take the lock without counting a second level, and a
--- waiter that gave up undo exactly that level: nothing else is guessed from
--- the lock's state.
+-- When a queued call is given the lock (a hand-over, or its own attempt), its
+-- entry becomes a grant, "g <token> <ticket>", until that call takes it. The
+-- grant is what lets the call's retry take the lock without counting a
+-- second level, and a call that gave up undo exactly that level; only the
+-- call with the grant's ticket can do either.
 --
 -- The request latch makes acquire and release safe to run twice: go-redis
 -- resends a command whose reply was lost, and so does the client (see
@@ -87,28 +89,28 @@ local function dequeue(owner)
   redis.call('hdel', KEYS[5], owner)
 end
 
--- parse_entry returns a live queue entry's lease and client ID, or nil once
--- the entry lapsed (its waiter stopped refreshing it), is a grant, or there is
--- none. Entries written before the client ID was stored name no client.
+-- parse_entry returns a queue entry's lease, client ID and ticket, and
+-- whether it is live: not lapsed (its waiter stopped refreshing it), not a
+-- grant. Entries of older clients name no client or ticket.
 local function parse_entry(entry)
-  local expiry, lease, client = string.match(entry or '', '^(%d+) (%d+) ?(%S*)$')
-  if expiry and tonumber(expiry) > now_ms() then
-    return tonumber(lease), client
+  local expiry, lease, client, ticket = string.match(entry or '', '^(%d+) (%d+) ?(%S*) ?(%S*)$')
+  if expiry then
+    return tonumber(lease), client, ticket, tonumber(expiry) > now_ms()
   end
 end
 
 -- live_head drops lapsed entries from the front of the queue and returns the
--- live head, the lease it asked for and its client ID, or false when nobody
--- waits.
+-- live head, the lease it asked for, its client ID and its ticket, or false
+-- when nobody waits.
 local function live_head()
   while true do
     local head = redis.call('zrange', KEYS[4], 0, 0)[1]
     if not head then
       return false
     end
-    local lease, client = parse_entry(redis.call('hget', KEYS[5], head))
-    if lease then
-      return head, lease, client
+    local lease, client, ticket, live = parse_entry(redis.call('hget', KEYS[5], head))
+    if live then
+      return head, lease, client, ticket
     end
     dequeue(head)
   end
@@ -123,31 +125,35 @@ local function pop_live_head()
     if not head then
       return false
     end
-    local lease, client = parse_entry(redis.call('hget', KEYS[5], head))
-    if lease then
-      return head, lease, client
+    local lease, client, ticket, live = parse_entry(redis.call('hget', KEYS[5], head))
+    if live then
+      return head, lease, client, ticket
     end
     redis.call('hdel', KEYS[5], head)
   end
 end
 
 -- enqueue adds the owner at the tail of the queue, or refreshes its entry if
--- it is queued, and keeps both queue keys alive for two queue TTLs.
-local function enqueue(owner, lease, ttl, client)
+-- it is queued, for the call with ticket, and keeps both queue keys alive for
+-- two queue TTLs.
+local function enqueue(owner, lease, ttl, client, ticket)
   redis.call('zadd', KEYS[4], 'nx', server_us(), owner)
-  redis.call('hset', KEYS[5], owner, string.format('%d %d %s', now_ms() + ttl, lease, client))
+  redis.call('hset', KEYS[5], owner, string.format('%d %d %s %s', now_ms() + ttl, lease, client, ticket))
   redis.call('pexpire', KEYS[4], 2 * ttl)
   redis.call('pexpire', KEYS[5], 2 * ttl)
 end
 
--- grant records that the lock was given to a queued waiter with token.
-local function grant(owner, token)
-  redis.call('hset', KEYS[5], owner, 'g ' .. string.format('%d', token))
+-- grant records that the lock was given, with token, to the owner's queued
+-- call with ticket.
+local function grant(owner, token, ticket)
+  redis.call('hset', KEYS[5], owner, string.format('g %d %s', token, ticket))
 end
 
--- granted reports whether the owner holds a grant it has not taken yet.
-local function granted(owner)
-  return string.sub(redis.call('hget', KEYS[5], owner) or '', 1, 2) == 'g '
+-- granted reports whether the owner's call with ticket holds a grant it has
+-- not taken yet.
+local function granted(owner, ticket)
+  local given = string.match(redis.call('hget', KEYS[5], owner) or '', '^g %d+ (%S+)$')
+  return given ~= nil and given == ticket
 end
 
 -- publish_command is PUBLISH, or SPUBLISH on a Cluster with sharded pub/sub,
@@ -232,7 +238,7 @@ local function free_lock(prefix, claimTTL)
       return
     end
   end
-  local head, lease, client = pop_live_head()
+  local head, lease, client, ticket = pop_live_head()
   if not head then
     publish(KEYS[2], '0')
     return
@@ -241,6 +247,6 @@ local function free_lock(prefix, claimTTL)
   redis.call('hset', KEYS[1], head, 1)
   redis.call('pexpire', KEYS[1], lease)
   local token = next_token()
-  grant(head, token)
-  notify(prefix, client, head, 'g', string.format('%d %d', token, lease))
+  grant(head, token, ticket)
+  notify(prefix, client, head, 'g', string.format('%d %d %s', token, lease, ticket))
 end

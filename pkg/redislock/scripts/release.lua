@@ -7,8 +7,9 @@
 -- ARGV[4] longest lease in ms a hand-over grants before the new holder
 --         extends it (the releasing client's queue TTL)
 -- ARGV[5] how long the request's latch is kept, in ms
--- ARGV[6] '1' when the hold began as a grant the owner took from its notice,
---         whose record is then cleared with the hold
+-- ARGV[6] the ticket of the Lock call the ownership began with, '' if it did
+--         not wait: a grant to that call still recorded (it was taken from
+--         its notice) is cleared with the hold
 -- ARGV[7] the fencing token of the ownership the release is for, or 0 if not
 --         known: a release for an ownership that a newer one replaced (the
 --         lock was force-released and taken again by the same owner) is
@@ -49,7 +50,7 @@ end
 -- The lock is exclusive: deleting the hash removes the owner's field and any
 -- other that should not be there.
 redis.call('del', KEYS[1])
-if ARGV[6] == '1' then
+if ARGV[6] ~= '' and granted(owner, ARGV[6]) then
   redis.call('hdel', KEYS[5], owner)
 end
 free_lock(ARGV[3], tonumber(ARGV[4]))

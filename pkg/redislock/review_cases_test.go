@@ -1,0 +1,246 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// Cases an adversarial review of the lost-reply work found: each broke the
+// one-holder promise, or kept a lock held for good, before its fix.
+
+// lockResult is what a Lock in the background returned.
+type lockResult struct {
+	h   *redislock.Hold
+	err error
+}
+
+// lockAsync locks m in the background, and reports what Lock returned.
+func lockAsync(ctx context.Context, m *redislock.Mutex) <-chan lockResult {
+	ch := make(chan lockResult, 1)
+	go func() {
+		h, err := m.Lock(ctx)
+		ch <- lockResult{h, err}
+	}()
+	return ch
+}
+
+// Found in review (a second holder): a Lock and a TryLock of one owner
+// (MutexOptions.Owner) in one client. The Lock queues; the lock comes free
+// without a hand-over (the holder's lease ran out). The TryLock took it, and
+// the grant record the queued call's turn wrote let that call's leave undo
+// the TryLock's hold. Now the turn is the queued call's alone.
+func TestTryLockOfAQueuedOwnerWaitsItsTurn(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	opts := redislock.Options{RetryFallback: 10 * time.Second, QueueTTL: time.Minute}
+	c := newClient(t, srv.Client(t), opts)
+	other := newClient(t, srv.Client(t), opts)
+	direct := srv.Client(t)
+
+	_, err := newMutex(t, other, name, &redislock.MutexOptions{Lease: time.Minute}).TryLock(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := newMutex(t, c, name, &redislock.MutexOptions{Owner: "controller:1", Lease: 30 * time.Second})
+
+	wctx, cancelW := context.WithCancel(ctx)
+	waiter := lockAsync(wctx, owned)
+	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the waiter to queue")
+	time.Sleep(300 * time.Millisecond) // its subscription and follow-up attempt
+
+	// The blocker's lease runs out (Redis publishes nothing).
+	if err := direct.PExpire(ctx, name, time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !inspect(t, c, name).Held() }, "the lease to run out")
+
+	// The queued call's turn is its own: another call of its owner does
+	// not take it, and so cannot be undone by that call's leave.
+	if _, err := owned.TryLock(ctx, 0); !errors.Is(err, redislock.ErrWaitTimeout) {
+		t.Fatalf("TryLock of the queued call's owner = %v, want ErrWaitTimeout", err)
+	}
+	cancelW()
+	if r := <-waiter; r.h != nil && r.err == nil {
+		// It took the lock before it saw ctx end: then it holds it alone.
+		if info := inspect(t, c, name); len(info.Holders) != 1 || info.Holders[0].Owner != r.h.Owner() {
+			t.Fatalf("the waiting Lock holds, but the lock is %+v", info)
+		}
+		mustUnlock(t, ctx, r.h)
+	}
+	if info := inspect(t, c, name); info.Held() || len(info.Waiters) != 0 {
+		t.Fatalf("after the waiting Lock gave up, the lock is %+v, want free with nobody queued", info)
+	}
+}
+
+// Found in review (a second holder): two Clients acting for one owner both
+// wait, and the lock is handed to the owner once, one grant, one level. One
+// client took it from its notice and the other's retry took the same grant
+// again: two Holds on one level. Now a grant is its call's alone; the other
+// call re-enters, counted, or waits.
+func TestTwoClientsOfOneOwnerTakeOneGrantOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	opts := redislock.Options{RetryFallback: 100 * time.Millisecond, QueueTTL: 2 * time.Second}
+	a := newClient(t, srv.Client(t), opts)
+	b := newClient(t, srv.Client(t), opts)
+	x := newClient(t, srv.Client(t), opts)
+	owner := redislock.Owner("controller:7")
+	mo := &redislock.MutexOptions{Owner: owner, Lease: 30 * time.Second} // fixed lease: nobody renews
+
+	holder := mustLock(t, ctx, newMutex(t, x, name, nil))
+	ra := lockAsync(ctx, newMutex(t, a, name, mo))
+	rb := lockAsync(ctx, newMutex(t, b, name, mo))
+	waitFor(t, func() bool { return len(inspect(t, x, name).Waiters) == 1 }, "the owner to queue")
+	time.Sleep(300 * time.Millisecond)
+	mustUnlock(t, ctx, holder)
+
+	var holds []*redislock.Hold
+	timeout := time.After(5 * time.Second)
+	for len(holds) < 2 {
+		select {
+		case r := <-ra:
+			if r.err != nil {
+				t.Fatalf("a: %v", r.err)
+			}
+			holds = append(holds, r.h)
+		case r := <-rb:
+			if r.err != nil {
+				t.Fatalf("b: %v", r.err)
+			}
+			holds = append(holds, r.h)
+		case <-timeout:
+			t.Fatalf("only %d of the owner's Lock calls returned", len(holds))
+		}
+	}
+	info := inspect(t, x, name)
+	if len(info.Holders) != 1 || info.Holders[0].Count != 2 {
+		t.Fatalf("both Lock calls of %s returned, but the lock is %+v, want 2 levels", owner, info)
+	}
+	mustUnlock(t, ctx, holds[0])
+	third, err := newMutex(t, x, name, nil).TryLock(ctx, 0)
+	if err == nil && holds[1].Err() == nil {
+		t.Fatalf("TWO HOLDERS: client-2's Hold of %s (token %d) reports held while %s holds (token %d); Redis count was %+v",
+			owner, holds[1].Token(), third.Owner(), third.Token(), info)
+	}
+}
+
+// Found in review (a level undone twice): an Unlock retried with its Hold
+// resends the same request, which Redis applies at most once while it keeps
+// the request's result (latchTTL, 10 s here, the floor). A retry after that,
+// once Redis was unreachable for a while, ran release.lua afresh and undid a
+// second level: here another client's, for the same owner. Now such a retry
+// sends nothing and gives the level up.
+func TestUnlockRetriedPastTheLatchSendsNothing(t *testing.T) {
+	p := startProxied(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	owner := redislock.Owner("controller:9")
+	mo := &redislock.MutexOptions{Owner: owner, Lease: time.Minute}
+
+	lossyRedis := redis.NewClient(&redis.Options{Addr: p.proxy.Addr, MaxRetries: -1,
+		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = lossyRedis.Close() })
+	a := newClient(t, lossyRedis, redislock.Options{RetryFallback: 50 * time.Millisecond, QueueTTL: 100 * time.Millisecond})
+	b := newClient(t, p.direct(t), redislock.Options{})
+	// warm the scripts through the proxy
+	warm := newMutex(t, a, name+":warm", nil)
+	mustUnlock(t, ctx, mustLock(t, ctx, warm))
+
+	bHold, err := newMutex(t, b, name, mo).TryLock(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	am := newMutex(t, a, name, mo)
+	outer := mustLock(t, ctx, am)
+	inner := mustLock(t, ctx, am)
+	direct := p.direct(t)
+	if n := count(t, direct, name, owner); n != 3 {
+		t.Fatalf("count %d, want 3", n)
+	}
+
+	p.proxy.LoseRepliesAtRandom(1) // every reply lost: the release runs, nobody hears
+	err = inner.Unlock(ctx)
+	p.proxy.Heal()
+	if !errors.Is(err, redislock.ErrUnavailable) {
+		t.Fatalf("Unlock with every reply lost: %v", err)
+	}
+	t.Logf("first Unlock: %v; count now %d", err, count(t, direct, name, owner))
+
+	time.Sleep(10500 * time.Millisecond) // past latchTTL
+	if err := inner.Unlock(ctx); !errors.Is(err, redislock.ErrUnavailable) {
+		t.Fatalf("an Unlock retried past the latch returned %v, want ErrUnavailable: it can no longer learn what it did", err)
+	}
+	n := count(t, direct, name, owner)
+	mustUnlock(t, ctx, outer)
+	third, terr := newMutex(t, b, name, nil).TryLock(context.Background(), 0)
+	if n != 2 || (terr == nil && bHold.Err() == nil) {
+		tok := int64(0)
+		if third != nil {
+			tok = third.Token()
+		}
+		t.Fatalf("one Hold's Unlock undid two levels (count %d); b's Hold (token %d) Err=%v while a third owner's TryLock err=%v token=%d",
+			n, bHold.Token(), bHold.Err(), terr, tok)
+	}
+}
+
+// Found in review (a leadership kept for good): RunElection stopped just as
+// the lock was handed to it. Lock returned the hand-over although ctx had
+// ended, and RunElection returned without releasing it, so the watchdog
+// renewed it for as long as the Client lived. The race is random; it showed
+// within 27 and 43 iterations of 400 before the fix.
+func TestElectionStoppedAsItWinsLeavesNoLeader(t *testing.T) {
+	srv := redistest.Start(t)
+	opts := redislock.Options{RetryFallback: 50 * time.Millisecond, QueueTTL: time.Second, WatchdogLease: 300 * time.Millisecond}
+	leaderC := newClient(t, srv.Client(t), opts)
+	standbyC := newClient(t, srv.Client(t), opts)
+	name := lockName(t)
+	for i := range 30 {
+		ctx := context.Background()
+		leader := mustLock(t, ctx, newMutex(t, leaderC, name, nil))
+		sctx, cancel := context.WithCancel(ctx)
+		led := make(chan struct{}, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- standbyC.RunElection(sctx, redislock.Election{Name: name,
+				OnStartedLeading: func(c context.Context, _ redislock.Term) { led <- struct{}{}; <-c.Done() }})
+		}()
+		waitFor(t, func() bool { return len(inspect(t, leaderC, name).Waiters) == 1 }, "standby queued")
+		time.Sleep(20 * time.Millisecond)
+		go func() {
+			time.Sleep(time.Duration(rand.N(1500)) * time.Microsecond)
+			cancel()
+		}()
+		_ = leader.Unlock(ctx)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-led:
+		default:
+		}
+		// RunElection has returned: after a full lease, nobody should hold it.
+		time.Sleep(600 * time.Millisecond)
+		info := inspect(t, leaderC, name)
+		if info.Held() {
+			for _, h := range info.Holders {
+				if strings.HasPrefix(string(h.Owner), standbyC.ID()) {
+					time.Sleep(3 * time.Second) // ten leases
+					t.Logf("3s (10 leases) later: %+v", inspect(t, leaderC, name))
+					t.Fatalf("iteration %d: RunElection returned, yet its client still holds (and renews) the lock: %+v", i, info)
+				}
+			}
+			t.Fatalf("iteration %d: lock held after all returned: %+v", i, info)
+		}
+	}
+}
