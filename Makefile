@@ -69,7 +69,7 @@ build: generate ## Build the library and the manager binary into bin/.
 ##@ Dependencies
 
 .PHONY: test-deps
-test-deps: redis envtest kustomize ## Install everything the tests need.
+test-deps: redis envtest plane kustomize ## Install everything the tests need.
 
 .PHONY: redis
 redis: ## Install redis-server 7.x (Debian's package) if it is missing.
@@ -78,6 +78,10 @@ redis: ## Install redis-server 7.x (Debian's package) if it is missing.
 .PHONY: envtest
 envtest: ## Build etcd, kube-apiserver and kubectl for envtest into bin/k8s (first build takes minutes).
 	hack/setup-envtest.sh >/dev/null
+
+.PHONY: plane
+plane: envtest ## Build kube-controller-manager, kube-scheduler and kwok for the local control plane into bin/k8s (reuses kube-apiserver's build).
+	hack/setup-plane.sh >/dev/null
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Build controller-gen into bin/.
