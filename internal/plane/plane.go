@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -206,10 +207,23 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 		proc.name, proc.health = spec.name, spec.health
 		p.procs = append(p.procs, proc)
 	}
+	// Wait for the three at once, so each start-up time is its own.
+	var children []*process
 	for _, proc := range p.procs {
-		if err := proc.waitHealthy(ctx, 60*time.Second); err != nil {
-			return nil, err
+		if proc.cmd != nil { // not etcd and kube-apiserver: envtest waited for them
+			children = append(children, proc)
 		}
+	}
+	errs := make([]error, len(children))
+	var wg sync.WaitGroup
+	for i, proc := range children {
+		wg.Go(func() { errs[i] = proc.waitHealthy(ctx, 60*time.Second) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for _, proc := range children {
 		p.started = append(p.started, Process{Name: proc.name, PID: proc.cmd.Process.Pid, Startup: proc.startup})
 	}
 
@@ -495,7 +509,9 @@ func healthy(client *http.Client, url string) bool {
 // stampedLog is a log file that also notes when a line containing marker
 // was first written: etcd's readiness, inside envtest's start-up.
 type stampedLog struct {
-	*os.File
+	// Not embedded: os/exec copies with io.Copy, which would use an
+	// embedded *os.File's ReadFrom and never call Write.
+	file   *os.File
 	marker []byte
 	stamp  atomic.Int64 // UnixNano; 0 until the marker is seen
 }
@@ -505,15 +521,17 @@ func newStampedLog(path, marker string) (*stampedLog, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &stampedLog{File: f, marker: []byte(marker)}, nil
+	return &stampedLog{file: f, marker: []byte(marker)}, nil
 }
 
 func (l *stampedLog) Write(b []byte) (int, error) {
 	if len(l.marker) > 0 && l.stamp.Load() == 0 && bytes.Contains(b, l.marker) {
 		l.stamp.Store(time.Now().UnixNano())
 	}
-	return l.File.Write(b)
+	return l.file.Write(b)
 }
+
+func (l *stampedLog) Close() error { return l.file.Close() }
 
 // stampTime is when the marker was first written; zero if never.
 func (l *stampedLog) stampTime() time.Time {

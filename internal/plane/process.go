@@ -21,7 +21,8 @@ type process struct {
 	cmd     *exec.Cmd
 	logPath string
 	exited  chan struct{}
-	startup time.Duration
+	started time.Time
+	startup time.Duration // from started to the first healthy answer
 
 	stop   func() error
 	closer io.Closer
@@ -40,16 +41,17 @@ func startProcess(path string, args []string, logPath string) (*process, error) 
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = childAttrs()
+	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", path, err)
 	}
-	p := &process{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	p := &process{cmd: cmd, logPath: logPath, exited: make(chan struct{}), started: started}
 	go func() { _ = cmd.Wait(); close(p.exited) }()
 	return p, nil
 }
 
 // waitHealthy polls the health URL until it answers 200, and records how
-// long the process took to get there.
+// long after its start the process got there.
 func (p *process) waitHealthy(ctx context.Context, timeout time.Duration) error {
 	// The controller manager and the scheduler serve /healthz over TLS with
 	// a self-signed certificate made at start-up; this is a liveness probe
@@ -59,12 +61,11 @@ func (p *process) waitHealthy(ctx context.Context, timeout time.Duration) error 
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // see above
 	}
 	defer client.CloseIdleConnections()
-	start := time.Now()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
 		if healthy(client, p.health) {
-			p.startup = time.Since(start)
+			p.startup = time.Since(p.started)
 			return nil
 		}
 		select {
