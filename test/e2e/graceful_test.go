@@ -72,5 +72,8 @@ func TestEvictionNeverOverlaps(t *testing.T) {
 // concurrencyPolicy Replace deletes the running Job, whose pod then takes
 // its 5s grace period: the replacement's pod must wait for it.
 func TestCronJobReplaceGracefulNeverOverlaps(t *testing.T) {
-	runCronJobPolicy(t, batchv1.ReplaceConcurrent, 5, 2)
+	next := nextMinute()
+	ns := startCronJob(t, batchv1.ReplaceConcurrent, 5, next)
+	time.Sleep(time.Until(next.Add(5 * time.Second)))
+	finishCronJob(t, ns, 2)
 }

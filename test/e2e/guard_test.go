@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/lockwarden/lockwarden/internal/plane"
@@ -33,40 +35,48 @@ func TestJobsRunOneAtATime(t *testing.T) {
 	}
 }
 
-// A real CronJob firing on the clock, under each concurrencyPolicy, while a
-// run made by hand (kubectl create job --from=cronjob/...) still runs: the
-// lock keeps the runs apart whatever the policy lets through. The subtests
-// share the minute boundary, so they run in parallel.
+// A real CronJob firing on the clock, under each concurrencyPolicy, while
+// its previous run still runs: the lock keeps the runs apart whatever the
+// policy lets through. The three CronJobs share one minute boundary.
 func TestCronJobPolicies(t *testing.T) {
-	for _, tc := range []struct {
+	cases := []struct {
 		policy batchv1.ConcurrencyPolicy
-		// runs is how many pods run in all; jobs how many Jobs ran.
-		runs int
+		runs   int // how many pods run in all
+		ns     string
 	}{
 		// Both runs happen, one after the other.
-		{batchv1.AllowConcurrent, 2},
-		// The scheduled run is skipped while the manual one is active.
-		{batchv1.ForbidConcurrent, 1},
-		// The manual run is deleted (grace 0 here; the graceful case is in
-		// the e2e_guard tests) and the scheduled one runs.
-		{batchv1.ReplaceConcurrent, 2},
-	} {
-		t.Run(string(tc.policy), func(t *testing.T) {
-			t.Parallel()
-			runCronJobPolicy(t, tc.policy, 0, tc.runs)
-		})
+		{policy: batchv1.AllowConcurrent, runs: 2},
+		// The second run is skipped while the first is active.
+		{policy: batchv1.ForbidConcurrent, runs: 1},
+		// The first run is deleted and the second runs. The first pod's
+		// grace period is 0 here; the case of a longer one is in the
+		// e2e_guard tests.
+		{policy: batchv1.ReplaceConcurrent, runs: 2},
+	}
+	next := nextMinute()
+	for i := range cases {
+		cases[i].ns = startCronJob(t, cases[i].policy, 0, next)
+	}
+	time.Sleep(time.Until(next.Add(5 * time.Second)))
+	for _, tc := range cases {
+		t.Run(string(tc.policy), func(t *testing.T) { finishCronJob(t, tc.ns, tc.runs) })
 	}
 }
 
-// runCronJobPolicy makes a CronJob firing every minute and, at once, a run
-// by hand that lasts until 15s past the next minute, so the scheduled run
-// meets it. After the scheduled time it suspends the CronJob, waits for the
-// runs to end and checks them.
-func runCronJobPolicy(t *testing.T, policy batchv1.ConcurrencyPolicy, grace int64, wantRuns int) {
+// nextMinute is the next minute boundary at least 20s away, time enough to
+// set CronJobs up before it.
+func nextMinute() time.Time {
+	return time.Now().Add(20 * time.Second).Truncate(time.Minute).Add(time.Minute)
+}
+
+// startCronJob makes a CronJob that fires every minute and gets it to fire
+// at once, with a run that lasts until 15s past next, so the run scheduled
+// at next meets it. It returns the namespace.
+func startCronJob(t *testing.T, policy batchv1.ConcurrencyPolicy, grace int64, next time.Time) string {
+	t.Helper()
 	ctx := context.Background()
 	ns := newLock(t, guarded)
 	now := time.Now()
-	next := now.Truncate(time.Minute).Add(time.Minute)
 	cron := &batchv1.CronJob{
 		ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: ns},
 		Spec: batchv1.CronJobSpec{
@@ -74,7 +84,7 @@ func runCronJobPolicy(t *testing.T, policy batchv1.ConcurrencyPolicy, grace int6
 			ConcurrencyPolicy: policy,
 			JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{
 				BackoffLimit: ptr.To[int32](0),
-				Template:     guardedTemplate(guarded, 3*time.Second, grace),
+				Template:     guardedTemplate(guarded, next.Sub(now).Round(time.Second)+15*time.Second, grace),
 			}},
 		},
 	}
@@ -82,26 +92,33 @@ func runCronJobPolicy(t *testing.T, policy batchv1.ConcurrencyPolicy, grace int6
 	if err != nil {
 		t.Fatal(err)
 	}
-	manual := cron.Spec.JobTemplate.Spec.DeepCopy()
-	manual.Template.Annotations[plane.CompleteDelayAnnotation] = (next.Sub(now) + 15*time.Second).Round(time.Second).String()
-	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:            "nightly-manual",
-			Namespace:       ns,
-			Annotations:     map[string]string{"cronjob.kubernetes.io/instantiate": "manual"},
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cron, batchv1.SchemeGroupVersion.WithKind("CronJob"))},
-		},
-		Spec: *manual,
-	}
-	if _, err := clientset.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+	// A last run two minutes ago makes the minute just past a missed
+	// schedule, which the CronJob controller runs at once: the first run
+	// is the controller's own, as a run left from the previous minute
+	// would be (a Job made with kubectl create job --from is not counted
+	// as active by Forbid and Replace).
+	lastRun := fmt.Sprintf(`{"status":{"lastScheduleTime":%q}}`, now.Truncate(time.Minute).Add(-time.Minute).UTC().Format(time.RFC3339))
+	if _, err := clientset.BatchV1().CronJobs(ns).Patch(ctx, cron.Name, types.MergePatchType, []byte(lastRun), metav1.PatchOptions{}, "status"); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, 20*time.Second, "the first run active", func() (bool, error) {
+		got, err := clientset.BatchV1().CronJobs(ns).Get(ctx, cron.Name, metav1.GetOptions{})
+		return err == nil && len(got.Status.Active) == 1, err
+	})
+	// The next run is short.
+	short := fmt.Sprintf(`{"spec":{"jobTemplate":{"spec":{"template":{"metadata":{"annotations":{%q:"3s"}}}}}}}`, plane.CompleteDelayAnnotation)
+	if _, err := clientset.BatchV1().CronJobs(ns).Patch(ctx, cron.Name, types.MergePatchType, []byte(short), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
 
-	// Past the scheduled time, with room for the CronJob controller to act
-	// on it, stop further runs.
-	time.Sleep(time.Until(next.Add(5 * time.Second)))
+// finishCronJob, called after the second scheduled time, suspends the
+// CronJob in ns, waits for its runs to end and checks them.
+func finishCronJob(t *testing.T, ns string, wantRuns int) {
+	ctx := context.Background()
 	suspend := []byte(`{"spec":{"suspend":true}}`)
-	if _, err := clientset.BatchV1().CronJobs(ns).Patch(ctx, cron.Name, "application/merge-patch+json", suspend, metav1.PatchOptions{}); err != nil {
+	if _, err := clientset.BatchV1().CronJobs(ns).Patch(ctx, "nightly", types.MergePatchType, suspend, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 60*time.Second, "every Job finished", func() (bool, error) {
@@ -117,9 +134,8 @@ func runCronJobPolicy(t *testing.T, policy batchv1.ConcurrencyPolicy, grace int6
 		pod, err := runningPod(ns, guarded)
 		return pod == nil, err
 	})
-	runs := assertNoOverlap(t, ns, guarded)
-	if len(runs) != wantRuns {
-		t.Fatalf("%d runs under %s, want %d", len(runs), policy, wantRuns)
+	if runs := assertNoOverlap(t, ns, guarded); len(runs) != wantRuns {
+		t.Fatalf("%d runs, want %d", len(runs), wantRuns)
 	}
 }
 
