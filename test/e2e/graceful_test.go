@@ -75,5 +75,6 @@ func TestCronJobReplaceGracefulNeverOverlaps(t *testing.T) {
 	next := nextMinute()
 	ns := startCronJob(t, batchv1.ReplaceConcurrent, 5, next)
 	time.Sleep(time.Until(next.Add(5 * time.Second)))
+	suspendCronJob(t, ns)
 	finishCronJob(t, ns, 2)
 }
