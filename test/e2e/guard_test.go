@@ -68,10 +68,18 @@ func TestCronJobPolicies(t *testing.T) {
 	}
 }
 
-// nextMinute is the next minute boundary at least 20s away, time enough to
-// set CronJobs up before it.
+// nextMinute is the next minute boundary, at least 20s away so there is
+// time to set CronJobs up before it: when the boundary is nearer, it waits
+// until just past it. No boundary may pass during the set-up, or the
+// CronJobs would fire an extra run.
 func nextMinute() time.Time {
-	return time.Now().Add(20 * time.Second).Truncate(time.Minute).Add(time.Minute)
+	now := time.Now()
+	next := now.Truncate(time.Minute).Add(time.Minute)
+	if next.Sub(now) < 20*time.Second {
+		time.Sleep(time.Until(next.Add(2 * time.Second)))
+		next = next.Add(time.Minute)
+	}
+	return next
 }
 
 // startCronJob makes a CronJob that fires every minute and gets it to fire
