@@ -29,14 +29,15 @@ func TestDemo(t *testing.T) {
 	}
 
 	facts := []struct{ what, pattern string }{
-		{"web-1 is granted leader", `(?m)^leader\s+demo/leader\s+web-1\s+\d+\s+2\s`},
-		{"web-1 is labelled as holder", `(?m)^web-1\s.*\sapp=web,lockwarden\.dev/holder=leader$`},
-		{"web-1 is annotated", `(?m)^lockwarden\.dev/fencing-token=\d+$`},
-		{"run-1 holds nightly, ungated", `(?m)^run-1\s+<none>\s+nightly\s+Pending$`},
-		{"run-2 is still gated while run-1 holds", `(?m)^run-2\s+lockwarden\.dev/lock\s+<none>\s+Pending$`},
-		{"run-2 is ungated after run-1", `(?m)^run-2\s+<none>\s+nightly\s+Pending$`},
-		{"web-2 takes over", `(?m)^leader\s+demo/leader\s+web-2\s+\d+\s+1\s`},
-		{"the in-pod holder is shown", `(?m)^jobs\s+worker\s+[0-9a-f-]{36}:[0-9]+\s+false\s+\d+$`},
+		{"a web pod is granted leader", `(?m)^leader\s+demo/leader\s+web-\S+\s+\d+\s+2\s`},
+		{"the leader is labelled as holder", `(?m)^web-\S+\s.*\sapp=web,lockwarden\.dev/holder=leader,pod-template-hash=\S+$`},
+		{"the leader is annotated", `(?m)^lockwarden\.dev/fencing-token=\d+$`},
+		{"run-1 holds nightly, ungated", `(?m)^run-1-\S+\s+<none>\s+nightly\s+(Pending|Running)\s`},
+		{"run-2 is still gated while run-1 holds", `(?m)^run-2-\S+\s+lockwarden\.dev/lock\s+<none>\s+Pending\s`},
+		{"both runs succeed", `(?m)^run-2-\S+\s+<none>\s+<none>\s+Succeeded\s+kwok-node-\d$`},
+		{"the runs never overlap", `✓ the runs never overlapped: run-2's pod started \d+ms after run-1's stopped`},
+		{"the in-pod holder is shown", `(?m)^jobs\s+worker-\S+\s+[0-9a-f-]{36}:[0-9]+\s+false\s+\d+$`},
+		{"the worker fails by itself", `(?m)^worker-\S+\s+Failed\s+1$`},
 		{"the in-pod hold is released", `(?m)^jobs\s+demo/jobs\s+\S+$`},
 		{"Redis shows it released", `-> Redis: demo/jobs is free`},
 		{"the worker learns it", `the worker's lease\.Context\(\) ended: `},
@@ -47,12 +48,12 @@ func TestDemo(t *testing.T) {
 			t.Errorf("%s: no match for %s", f.what, f.pattern)
 		}
 	}
-	m := regexp.MustCompile(`✓ web-2 took over leader (-?\d+)ms after web-1's deletion`).FindStringSubmatch(text)
+	m := regexp.MustCompile(`✓ web-\S+ took over leader \(fencing token \d+ -> \d+\) \d+ms after the deletion request, ([-+]\d+)ms from web-\S+ being gone`).FindStringSubmatch(text)
 	if m == nil {
 		t.Fatal("no handover time in the output")
 	}
 	if ms, _ := strconv.Atoi(m[1]); ms >= 1000 {
-		t.Errorf("handover took %dms, want under 1s", ms)
+		t.Errorf("handover %dms after the old leader was gone, want under 1s", ms)
 	}
 	if !strings.Contains(text, "Stopping the manager, redis and the control plane... done.") {
 		t.Error("no clean-up in the output")
