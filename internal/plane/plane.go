@@ -292,7 +292,8 @@ func (p *Plane) startAPIServer(opts Options) error {
 
 	start := time.Now()
 	if _, err := p.Env.Start(); err != nil {
-		return fmt.Errorf("start etcd and kube-apiserver: %w (logs in %s)", err, p.Dir)
+		_ = p.Env.Stop() // whatever half started
+		return fmt.Errorf("start etcd and kube-apiserver: %w", err)
 	}
 	ready := time.Since(start)
 	etcdReady := etcdLog.stampTime().Sub(start)
