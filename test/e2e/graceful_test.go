@@ -74,7 +74,7 @@ func TestEvictionNeverOverlaps(t *testing.T) {
 func TestCronJobReplaceGracefulNeverOverlaps(t *testing.T) {
 	next := nextMinute()
 	ns := startCronJob(t, batchv1.ReplaceConcurrent, 5, next)
-	time.Sleep(time.Until(next.Add(5 * time.Second)))
+	time.Sleep(time.Until(next.Add(10 * time.Second)))
 	suspendCronJob(t, ns)
 	finishCronJob(t, ns, 2)
 }

@@ -57,9 +57,11 @@ func TestCronJobPolicies(t *testing.T) {
 	for i := range cases {
 		cases[i].ns = startCronJob(t, cases[i].policy, 0, next)
 	}
-	time.Sleep(time.Until(next.Add(5 * time.Second)))
-	// Suspended at once: under Forbid, the controller would start the
+	// 10s leave the CronJob controller room to act on the schedule, even
+	// on a busy machine. Then all are suspended at once, before the first
+	// runs end at 15s: under Forbid, the controller would start the
 	// skipped run late, as soon as the first one ends.
+	time.Sleep(time.Until(next.Add(10 * time.Second)))
 	for _, tc := range cases {
 		suspendCronJob(t, tc.ns)
 	}
