@@ -97,7 +97,10 @@ type Plane struct {
 type Process struct {
 	Name string
 	PID  int
-	// Startup is the time from its start to its health check passing.
+	// Startup is the time from its start to its health check passing. For
+	// etcd and kube-apiserver it is read around envtest's start: etcd's
+	// from the start to its readiness line in its log, kube-apiserver's
+	// from then to envtest's return (CRDs installed), 0 if unknown.
 	Startup time.Duration
 }
 
