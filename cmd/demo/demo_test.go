@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -18,8 +19,21 @@ import (
 func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
+	// A manager of this tree's sources, built for the test: bin/manager may
+	// be shared with other checkouts (bin/ can be a symlink) and hold
+	// another tree's build, newer than these sources.
+	root, err := findRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	manager := filepath.Join(t.TempDir(), "manager")
+	build := exec.CommandContext(ctx, goTool(), "build", "-o", manager, "./cmd/manager")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/manager: %v\n%s", err, out)
+	}
 	var out bytes.Buffer
-	err := run(ctx, &out, options{})
+	err = run(ctx, &out, options{manager: manager})
 	text := out.String()
 	if err != nil || t.Failed() || testing.Verbose() {
 		t.Logf("demo output:\n%s", text)
