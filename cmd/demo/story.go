@@ -377,7 +377,8 @@ func (d *demo) guardedRun(ctx context.Context) error {
 		"shared by every DistributedLock naming it, in any namespace or cluster on this Redis.",
 		"The CronJob's pods are created behind the scheduling gate lockwarden.dev/lock: the",
 		"scheduler leaves them alone until the controller grants one the lock and removes its",
-		"gate. On these fake nodes a run lasts the 3s its pod annotation asks kwok for.")
+		"gate. On these fake nodes a run lasts the 8s its pod annotation asks kwok for (long",
+		"enough for the demo to look at it even on a busy machine).")
 	if _, err := d.k.apply(ctx, `
 apiVersion: locks.lockwarden.dev/v1alpha1
 kind: DistributedLock
@@ -404,7 +405,7 @@ spec:
           labels:
             job: nightly
           annotations:
-            `+plane.CompleteDelayAnnotation+`: 3s
+            `+plane.CompleteDelayAnnotation+`: 8s
         spec:
           schedulingGates:
           - name: lockwarden.dev/lock
@@ -601,7 +602,7 @@ func (d *demo) inPodClient(ctx context.Context) error {
 		"client's ID is the pod's UID (POD_UID, from the downward API), so its owners are",
 		"\"<pod UID>:<n>\": the controller shows which pod holds the lock, and releases the hold",
 		"when the pod ends.")
-	d.say("The worker is a Job's pod; on these fake nodes it fails (exit code 1) 10s after it",
+	d.say("The worker is a Job's pod; on these fake nodes it fails (exit code 1) 15s after it",
 		"starts, as its annotations ask kwok:")
 	if _, err := d.k.apply(ctx, `
 apiVersion: batch/v1
@@ -615,7 +616,7 @@ spec:
       labels:
         app: worker
       annotations:
-        `+plane.CompleteDelayAnnotation+`: 10s
+        `+plane.CompleteDelayAnnotation+`: 15s
         `+plane.FailAnnotation+`: "true"
     spec:
       restartPolicy: Never
@@ -698,7 +699,7 @@ spec:
 	}
 	d.ok("the controller shows the worker's own hold: owner %s, grantedByController=false", h.OwnerID)
 
-	d.say("The worker's pod fails, 10s after it started:")
+	d.say("The worker's pod fails, 15s after it started:")
 	if _, err := d.waitForHolder(ctx, "jobs", ""); err != nil {
 		return err
 	}
