@@ -17,9 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/lockwarden/lockwarden/internal/envtestassets"
+	"github.com/lockwarden/lockwarden/internal/plane"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 )
 
@@ -27,7 +28,7 @@ import (
 // declares it.
 const modulePath = "github.com/lockwarden/lockwarden"
 
-// env is everything the demo runs: a control plane (etcd and kube-apiserver
+// env is everything the demo runs: a local control plane (internal/plane,
 // with the CRD), a redis-server and the manager. close stops them in the
 // reverse order of their start and removes the temporary directory.
 type env struct {
@@ -36,9 +37,10 @@ type env struct {
 	dir  string // temporary: kubeconfigs, kubectl's cache, logs, redis files
 
 	kubectl    string // the kubectl binary
-	kubeconfig string // the demo user's kubeconfig, for kubectl
+	kubeconfig string // an administrator's kubeconfig, for kubectl
 	redisAddr  string
 	managerLog string
+	plane      *plane.Plane
 
 	cleanups []func()
 }
@@ -57,14 +59,6 @@ func startEnv(ctx context.Context, e *env, opts options) error {
 	dir := e.dir
 	e.cleanups = append(e.cleanups, func() { _ = os.RemoveAll(dir) })
 
-	assets, err := envtestassets.Dir(ctx, root, e.out)
-	if err != nil {
-		return err
-	}
-	e.kubectl = filepath.Join(assets, "kubectl")
-	if _, err := os.Stat(e.kubectl); err != nil {
-		return fmt.Errorf("no kubectl in the envtest assets: %w", err)
-	}
 	manager, err := managerBinary(ctx, e.out, root, opts.manager)
 	if err != nil {
 		return err
@@ -73,44 +67,36 @@ func startEnv(ctx context.Context, e *env, opts options) error {
 		return err
 	}
 
-	// The control plane.
+	// The control plane: it builds its binaries first if they are missing.
 	start := time.Now()
-	testEnv := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-		BinaryAssetsDirectory: assets,
-	}
-	if err := wrapControlPlane(testEnv, assets, dir); err != nil {
-		return err
-	}
-	if _, err := testEnv.Start(); err != nil {
-		_ = testEnv.Stop() // whatever half started
+	pl, err := plane.Start(ctx, plane.Options{
+		CRDDirectoryPaths: []string{filepath.Join(root, "config", "crd", "bases")},
+		Progress:          e.out,
+	})
+	if err != nil {
 		return fmt.Errorf("start the control plane: %w", err)
 	}
-	e.cleanups = append(e.cleanups, func() { _ = testEnv.Stop() })
-	kubectlUser, err := testEnv.AddUser(envtest.User{Name: "demo", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return err
-	}
+	e.plane = pl
+	e.cleanups = append(e.cleanups, pl.Stop)
+	e.kubectl = filepath.Join(pl.AssetsDir, "kubectl")
+	e.kubeconfig = pl.Kubeconfig
 	// The manager runs as a user of its own, with only the ClusterRole in
 	// config/rbac/role.yaml, bound below, as in a real install.
-	managerUser, err := testEnv.AddUser(envtest.User{Name: "lockwarden-manager"}, nil)
+	managerUser, err := pl.Env.AddUser(envtest.User{Name: "lockwarden-manager"}, nil)
 	if err != nil {
 		return err
 	}
-	e.kubeconfig = filepath.Join(dir, "kubeconfig")
 	managerKubeconfig := filepath.Join(dir, "manager.kubeconfig")
-	for path, user := range map[string]*envtest.AuthenticatedUser{e.kubeconfig: kubectlUser, managerKubeconfig: managerUser} {
-		data, err := user.KubeConfig()
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			return err
-		}
+	data, err := managerUser.KubeConfig()
+	if err != nil {
+		return err
 	}
-	e.printf("control plane  etcd + kube-apiserver at %s, DistributedLock CRD installed (%.1fs)\n",
-		testEnv.Config.Host, time.Since(start).Seconds())
+	if err := os.WriteFile(managerKubeconfig, data, 0o600); err != nil {
+		return err
+	}
+	e.printf("control plane  etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok with nodes %s,\n",
+		strings.Join(plane.NodeNames, " and "))
+	e.printf("               at %s, DistributedLock CRD installed (%.1fs)\n", pl.Config.Host, time.Since(start).Seconds())
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -140,6 +126,13 @@ func startEnv(ctx context.Context, e *env, opts options) error {
 		if _, err := k.run(ctx, args...); err != nil {
 			return err
 		}
+	}
+	clientset, err := kubernetes.NewForConfig(pl.Config)
+	if err != nil {
+		return err
+	}
+	if err := plane.WaitForServiceAccount(ctx, clientset, namespace); err != nil {
+		return err
 	}
 
 	// The manager.
@@ -273,37 +266,6 @@ func goTool() string {
 		return filepath.Join(goroot, "bin", "go")
 	}
 	return "/usr/local/go/bin/go"
-}
-
-// wrapControlPlane runs etcd and kube-apiserver through setpriv, which sets
-// their parent-death signal: envtest starts them in process groups of their
-// own, so they would outlive a demo (or test) killed without cleanup.
-func wrapControlPlane(te *envtest.Environment, assets, dir string) error {
-	if setprivPath == "" {
-		return nil
-	}
-	if _, err := os.Stat(setprivPath); err != nil {
-		return nil // the graceful stop still applies
-	}
-	wrap := func(name string) (string, error) {
-		path := filepath.Join(dir, "bin", name)
-		script := fmt.Sprintf("#!/bin/sh\nexec %s --pdeathsig KILL -- %s \"$@\"\n", setprivPath, shellQuote(filepath.Join(assets, name)))
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return "", err
-		}
-		return path, os.WriteFile(path, []byte(script), 0o755)
-	}
-	apiserver, err := wrap("kube-apiserver")
-	if err != nil {
-		return err
-	}
-	etcd, err := wrap("etcd")
-	if err != nil {
-		return err
-	}
-	te.ControlPlane.APIServer = &envtest.APIServer{Path: apiserver}
-	te.ControlPlane.Etcd = &envtest.Etcd{Path: etcd}
-	return nil
 }
 
 // startManager runs the manager binary against the control plane and

@@ -1,11 +1,13 @@
 // Command demo plays lockwarden's story on this machine, with no cluster: it
-// starts a local control plane (etcd and kube-apiserver, with the
-// DistributedLock CRD), a redis-server and the manager, then drives them
-// with the real kubectl: leader election among three pods, a CronJob run
-// kept behind its scheduling gate, a handover when the leader goes away, and
-// a lock taken by an in-pod client. Every step checks what it shows; the
-// exit status is 0 only if all checks held. Everything it starts is stopped
-// on exit, on error and on Ctrl-C.
+// starts a local control plane (internal/plane: etcd, kube-apiserver with
+// the DistributedLock CRD, kube-controller-manager, kube-scheduler, and kwok
+// running pods on two fake nodes), a redis-server and the manager, then
+// drives them with the real kubectl: leader election among a Deployment's
+// pods, a CronJob's runs queued behind the scheduling gate, a handover when
+// the leader's pod is deleted, and a lock taken by an in-pod client. Nothing
+// is played by hand: pods run, complete and fail as the stages say. Every
+// step checks what it shows; the exit status is 0 only if all checks held.
+// Everything it starts is stopped on exit, on error and on Ctrl-C.
 //
 //	go run ./cmd/demo                  # from anywhere in the repository
 //	go run ./cmd/demo -keep-running    # then leave it all up until Ctrl-C

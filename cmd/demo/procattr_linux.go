@@ -8,8 +8,3 @@ import "syscall"
 func childAttrs() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
-
-// setprivPath is util-linux's setpriv, which sets the parent-death signal
-// and execs a program: it wraps etcd and kube-apiserver, which envtest
-// starts with attributes of its own.
-const setprivPath = "/usr/bin/setpriv"

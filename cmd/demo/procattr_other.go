@@ -9,6 +9,3 @@ import "syscall"
 func childAttrs() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true}
 }
-
-// setprivPath is empty: there is no parent-death signal to set.
-const setprivPath = ""

@@ -16,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/plane"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
@@ -89,12 +90,14 @@ func run(ctx context.Context, out io.Writer, opts options) (err error) {
 
 // demo is the story's state.
 type demo struct {
-	out     io.Writer
-	e       *env
-	k       *kubectl
-	n       int
-	leaderT int64 // web-1's fencing token
-	fresh   bool  // nothing was printed since the section header
+	out       io.Writer
+	e         *env
+	k         *kubectl
+	n         int
+	leader    string   // the first leader pod
+	leaderT   int64    // its fencing token
+	followers []string // the other pods of the Deployment, in the lock's order
+	fresh     bool     // nothing was printed since the section header
 }
 
 func (d *demo) section(title string) {
@@ -188,10 +191,39 @@ func orNone(s string) string {
 	return s
 }
 
-func markRunning(name string) []string { return setPhase(name, corev1.PodRunning) }
+// jobPod is the one pod of the Job named job.
+func (d *demo) jobPod(ctx context.Context, job string) (*corev1.Pod, error) {
+	var list corev1.PodList
+	if err := d.k.getJSON(ctx, &list, "pods", "-l", "batch.kubernetes.io/job-name="+job); err != nil {
+		return nil, err
+	}
+	if len(list.Items) != 1 {
+		return nil, fmt.Errorf("job %s has %d pods, want 1", job, len(list.Items))
+	}
+	return &list.Items[0], nil
+}
 
-func setPhase(name string, phase corev1.PodPhase) []string {
-	return []string{"patch", "pod", name, "--subresource=status", "--type=merge", "-p", fmt.Sprintf(`{"status":{"phase":%q}}`, phase)}
+// waitForJobPod waits until the Job's pod exists and satisfies cond.
+func (d *demo) waitForJobPod(ctx context.Context, job, expected string, cond func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	err := d.waitFor(ctx, "the pod of Job "+job, expected, func() (bool, string, error) {
+		var err error
+		if pod, err = d.jobPod(ctx, job); err != nil {
+			return false, "", err
+		}
+		return cond(pod), fmt.Sprintf("phase %s, gates %v", pod.Status.Phase, pod.Spec.SchedulingGates), nil
+	})
+	return pod, err
+}
+
+// runStamp is when kwok, playing the kubelet, started or stopped a pod's
+// containers (the annotation holds it to the nanosecond).
+func runStamp(pod *corev1.Pod, annotation string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, pod.Annotations[annotation])
+	if err != nil {
+		return time.Time{}, &checkError{what: "the run stamps of " + pod.Name, expected: annotation + " in RFC 3339", got: fmt.Sprint(pod.Annotations)}
+	}
+	return t, nil
 }
 
 // annotationsTemplate lists a pod's annotations one a line.
@@ -240,7 +272,7 @@ func gated(pod *corev1.Pod) bool {
 
 // 2. Leader election.
 func (d *demo) leaderElection(ctx context.Context) error {
-	d.section("Leader election: the lock is granted to one of three pods")
+	d.section("Leader election: the lock is granted to one pod of a Deployment")
 	d.say("A DistributedLock named leader: the controller grants it to one pod labelled app=web",
 		"at a time, oldest first, holds it in Redis for that pod, and labels the pod so a",
 		"Service can route to the leader.")
@@ -257,26 +289,44 @@ spec:
 `); err != nil {
 		return err
 	}
-	d.say("Three candidate pods, created in this order:")
-	for _, name := range []string{"web-1", "web-2", "web-3"} {
-		if _, err := d.k.run(ctx, "run", name, "--image=registry.example/web:1.0", "--labels=app=web"); err != nil {
-			return err
-		}
-	}
-	d.say("No kubelet runs here, so the demo plays its part and marks them Running (a candidate",
-		"without the scheduling gate must be Running to be granted the lock):")
-	for _, name := range []string{"web-1", "web-2", "web-3"} {
-		if _, err := d.k.run(ctx, markRunning(name)...); err != nil {
-			return err
-		}
-	}
-	lock, err := d.waitForHolder(ctx, "leader", "web-1", "web-2", "web-3")
-	if err != nil {
+	d.say("A Deployment of three pods. The scheduler places them on the fake nodes, and kwok,",
+		"playing the nodes' kubelets, runs them:")
+	if _, err := d.k.apply(ctx, `
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 3
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: web
+        image: registry.example/web:1.0
+`); err != nil {
 		return err
 	}
-	d.leaderT = lock.Status.Holder.Token
-	if err := d.waitFor(ctx, "the holder marks on web-1", "label "+locksv1.HolderLabelFor("leader")+"=true", func() (bool, string, error) {
-		pod, err := d.pod(ctx, "web-1")
+	var lock *locksv1.DistributedLock
+	if err := d.waitFor(ctx, "the status of DistributedLock leader", "a holder and two waiting", func() (bool, string, error) {
+		var err error
+		if lock, err = d.lock(ctx, "leader"); err != nil {
+			return false, "", err
+		}
+		return holderName(lock) != "" && len(lock.Status.Waiting) == 2,
+			fmt.Sprintf("holder %s, waiting %v", orNone(holderName(lock)), lock.Status.Waiting), nil
+	}); err != nil {
+		return err
+	}
+	d.leader, d.leaderT, d.followers = holderName(lock), lock.Status.Holder.Token, lock.Status.Waiting
+	if err := d.waitFor(ctx, "the holder marks on "+d.leader, "label "+locksv1.HolderLabelFor("leader")+"=true", func() (bool, string, error) {
+		pod, err := d.pod(ctx, d.leader)
 		if err != nil {
 			return false, "", err
 		}
@@ -289,19 +339,22 @@ spec:
 	if _, err := d.k.run(ctx, "get", "dlock"); err != nil {
 		return err
 	}
-	if _, err := d.k.run(ctx, "get", "pods", "-l", "app=web", "--show-labels"); err != nil {
+	if _, err := d.k.run(ctx, "get", "pods", "-l", "app=web", "-o", "wide", "--show-labels"); err != nil {
 		return err
 	}
-	if _, err := d.k.run(ctx, "get", "pod", "web-1", "-o", annotationsTemplate); err != nil {
+	if _, err := d.k.run(ctx, "get", "pod", d.leader, "-o", annotationsTemplate); err != nil {
 		return err
 	}
-	for _, name := range []string{"web-1", "web-2", "web-3"} {
+	for _, name := range append([]string{d.leader}, d.followers...) {
 		pod, err := d.pod(ctx, name)
 		if err != nil {
 			return err
 		}
+		if pod.Status.Phase != corev1.PodRunning {
+			return &checkError{what: "the phase of " + name, expected: "Running", got: string(pod.Status.Phase)}
+		}
 		lockName := ""
-		if name == "web-1" {
+		if name == d.leader {
 			lockName = "leader"
 		}
 		if err := checkMarks(pod, lockName, d.leaderT); err != nil {
@@ -309,44 +362,27 @@ spec:
 		}
 	}
 	if !lock.Status.Holder.GrantedByController || lock.Status.Holder.OwnerID != lock.Status.Holder.PodUID+":0" {
-		return &checkError{what: "the holder of leader", expected: "held by the controller as <web-1 UID>:0",
+		return &checkError{what: "the holder of leader", expected: "held by the controller as <pod UID>:0",
 			got: fmt.Sprintf("owner %s, grantedByController=%t", lock.Status.Holder.OwnerID, lock.Status.Holder.GrantedByController)}
 	}
-	d.ok("web-1 holds leader (fencing token %d), labelled and annotated; web-2 and web-3 wait, in that order", d.leaderT)
+	d.ok("%s holds leader (fencing token %d), labelled and annotated; %s wait, in that order",
+		d.leader, d.leaderT, strings.Join(d.followers, " and "))
 	return nil
 }
 
-// podColumns shows each pod's gates, the nightly lock's holder label and
-// phase.
-var podColumns = "custom-columns=NAME:.metadata.name,GATES:.spec.schedulingGates[*].name,HOLDS-NIGHTLY:.metadata.labels.holder\\.lockwarden\\.dev/nightly,PHASE:.status.phase"
+// podColumns shows each pod's gates, the nightly lock's holder label, phase
+// and node.
+var podColumns = "custom-columns=NAME:.metadata.name,GATES:.spec.schedulingGates[*].name,HOLDS-NIGHTLY:.metadata.labels.holder\\.lockwarden\\.dev/nightly,PHASE:.status.phase,NODE:.spec.nodeName"
 
-func runPod(name string) string {
-	return fmt.Sprintf(`
-apiVersion: v1
-kind: Pod
-metadata:
-  name: %s
-  labels:
-    job: nightly
-spec:
-  schedulingGates:
-  - name: gate.lockwarden.dev/nightly
-  restartPolicy: Never
-  containers:
-  - name: billing
-    image: registry.example/billing:2.0
-`, name)
-}
-
-// 3. A guarded CronJob run.
+// 3. A guarded CronJob.
 func (d *demo) guardedRun(ctx context.Context) error {
-	d.section("A guarded CronJob run: gated until it holds the lock")
+	d.section("A guarded CronJob: its runs queue behind the lock")
 	d.say("A job that must never run twice at once. Its lock has the explicit key nightly,",
 		"which the manager's --shared-key flag shares with every namespace: every DistributedLock",
-		"naming it, in any namespace or cluster on this Redis, guards the same job.",
-		"Its pods (from a CronJob's template, say) are created behind the scheduling gate",
-		"gate.lockwarden.dev/nightly: the scheduler leaves them alone until the controller grants",
-		"them the lock named nightly and removes its gate.")
+		"naming it, in any namespace or cluster on this Redis, guards the same job. The CronJob's",
+		"pods are created behind the scheduling gate gate.lockwarden.dev/nightly: the scheduler",
+		"leaves them alone until the controller grants one the lock and removes its gate. On these fake nodes a run lasts the 8s its pod annotation asks kwok for (long",
+		"enough for the demo to look at it even on a busy machine).")
 	if _, err := d.k.apply(ctx, `
 apiVersion: locks.lockwarden.dev/v1alpha1
 kind: DistributedLock
@@ -358,17 +394,48 @@ spec:
   candidates:
     matchLabels:
       job: nightly
-`+"---"+runPod("run-1")); err != nil {
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: nightly
+spec:
+  schedule: "0 2 * * *"
+  jobTemplate:
+    spec:
+      backoffLimit: 0
+      template:
+        metadata:
+          labels:
+            job: nightly
+          annotations:
+            `+plane.CompleteDelayAnnotation+`: 8s
+        spec:
+          schedulingGates:
+          - name: gate.lockwarden.dev/nightly
+          restartPolicy: Never
+          containers:
+          - name: billing
+            image: registry.example/billing:2.0
+`); err != nil {
 		return err
 	}
-	if _, err := d.waitForHolder(ctx, "nightly", "run-1"); err != nil {
+	d.say("Two runs start at once, as two schedules, or two CronJobs on the same key, would start",
+		"them (kubectl create job --from=cronjob makes the same Jobs without waiting for 2am):")
+	for _, run := range []string{"run-1", "run-2"} {
+		if _, err := d.k.run(ctx, "create", "job", run, "--from=cronjob/nightly"); err != nil {
+			return err
+		}
+	}
+	run1, err := d.waitForJobPod(ctx, "run-1", "ungated", func(p *corev1.Pod) bool { return !gated(p) })
+	if err != nil {
 		return err
 	}
-	d.say("The next run's pod is created while run-1 still holds the lock:")
-	if _, err := d.k.apply(ctx, runPod("run-2")); err != nil {
+	run2, err := d.waitForJobPod(ctx, "run-2", "created", func(*corev1.Pod) bool { return true })
+	if err != nil {
 		return err
 	}
-	lock, err := d.waitForHolder(ctx, "nightly", "run-1", "run-2")
+	lock, err := d.waitForHolder(ctx, "nightly", run1.Name, run2.Name)
 	if err != nil {
 		return err
 	}
@@ -378,63 +445,66 @@ spec:
 	if _, err := d.k.run(ctx, "get", "dlock", "nightly"); err != nil {
 		return err
 	}
-	run1, err := d.pod(ctx, "run-1")
-	if err != nil {
+	if run2, err = d.pod(ctx, run2.Name); err != nil {
 		return err
 	}
-	run2, err := d.pod(ctx, "run-2")
-	if err != nil {
-		return err
-	}
-	if gated(run1) || !gated(run2) {
-		return &checkError{what: "the scheduling gates", expected: "run-1 ungated, run-2 gated",
-			got: fmt.Sprintf("run-1 gates %v, run-2 gates %v", run1.Spec.SchedulingGates, run2.Spec.SchedulingGates)}
+	if !gated(run2) {
+		return &checkError{what: "run-2's scheduling gate", expected: "still there while run-1 holds the lock", got: fmt.Sprint(run2.Spec.SchedulingGates)}
 	}
 	if lock.Status.Key != "nightly" {
 		return &checkError{what: "the key of nightly", expected: "nightly", got: lock.Status.Key}
 	}
-	if err := checkMarks(run1, "nightly", lock.Status.Holder.Token); err != nil {
-		return err
-	}
 	if err := checkMarks(run2, "", 0); err != nil {
 		return err
 	}
-	d.ok("run-1 holds nightly and was ungated; run-2 stays gated while run-1 holds it")
+	d.ok("run-1's pod holds nightly and was ungated; run-2's stays gated while run-1 runs")
 
-	d.say("run-1 starts and then completes (the scheduler's and kubelet's part, played by the demo):")
-	if _, err := d.k.run(ctx, markRunning("run-1")...); err != nil {
-		return err
-	}
-	if _, err := d.k.run(ctx, setPhase("run-1", corev1.PodSucceeded)...); err != nil {
-		return err
-	}
-	if _, err := d.waitForHolder(ctx, "nightly", "run-2"); err != nil {
-		return err
-	}
-	if err := d.waitFor(ctx, "run-2's scheduling gate", "removed", func() (bool, string, error) {
-		pod, err := d.pod(ctx, "run-2")
-		if err != nil {
-			return false, "", err
+	d.say("run-1 completes; the controller grants nightly to run-2's pod and ungates it:")
+	for _, run := range []string{"run-1", "run-2"} {
+		if err := d.waitFor(ctx, "Job "+run, "Complete", func() (bool, string, error) {
+			out, err := d.k.quiet(ctx, "get", "job", run, "-o", `jsonpath={.status.conditions[?(@.type=="Complete")].status}`)
+			return strings.TrimSpace(out) == "True", "not complete yet", err
+		}); err != nil {
+			return err
 		}
-		return !gated(pod), fmt.Sprintf("gates %v", pod.Spec.SchedulingGates), nil
-	}); err != nil {
+	}
+	if _, err := d.k.run(ctx, "get", "jobs"); err != nil {
 		return err
 	}
 	if _, err := d.k.run(ctx, "get", "pods", "-l", "job=nightly", "-o", podColumns); err != nil {
 		return err
 	}
-	d.ok("run-1 completed, so run-2 got the lock and was ungated: the runs never overlapped")
+	if run1, err = d.pod(ctx, run1.Name); err != nil {
+		return err
+	}
+	if run2, err = d.pod(ctx, run2.Name); err != nil {
+		return err
+	}
+	run1Stop, err := runStamp(run1, plane.StoppedAtAnnotation)
+	if err != nil {
+		return err
+	}
+	run2Start, err := runStamp(run2, plane.RunningAtAnnotation)
+	if err != nil {
+		return err
+	}
+	if !run2Start.After(run1Stop) {
+		return &checkError{what: "the runs of nightly", expected: "run-2 starts after run-1 stops",
+			got: fmt.Sprintf("run-1 stopped %s, run-2 started %s", run1Stop.Format(time.RFC3339Nano), run2Start.Format(time.RFC3339Nano))}
+	}
+	d.ok("the runs never overlapped: run-2's pod started %dms after run-1's stopped", run2Start.Sub(run1Stop).Milliseconds())
 	return nil
 }
 
 // 4. Handover.
 func (d *demo) handover(ctx context.Context) error {
-	d.section("Handover: the leader goes away")
-	d.say("web-1 is deleted (a rolling update, a drained node). The controller sees the pod event,",
-		"releases the lock in Redis and grants it to the next candidate in the same reconcile;",
-		"it does not wait for the 10s lease to run out. Two watches time it, one on the pod and",
-		"one on the lock:")
-	podArgs := []string{"get", "pods", "--field-selector=metadata.name=web-1", "--watch", "--output-watch-events", "-o", `jsonpath={.type}{"\n"}`}
+	d.section("Handover: the leader's pod is deleted")
+	d.say(fmt.Sprintf("%s is deleted (a rolling update, a drained node). Its container runs on through", d.leader),
+		"its 2s grace period and then stops. The controller sees the pod events, releases the lock",
+		"in Redis and grants it to the next candidate, without waiting for the 10s lease to run",
+		"out. The ReplicaSet makes a new pod, which queues as a candidate. Two watches time it,",
+		"one on the pod and one on the lock (the pod is gone once its container has stopped):")
+	podArgs := []string{"get", "pods", "--field-selector=metadata.name=" + d.leader, "--watch", "--output-watch-events", "-o", `jsonpath={.type}{"\n"}`}
 	lockArgs := []string{"get", "dlock", "leader", "--watch", "-o", `jsonpath={.status.holder.podName}{"\n"}`}
 	fmt.Fprintf(d.out, "$ kubectl %s &\n$ kubectl %s &\n", shellJoin(podArgs), shellJoin(lockArgs))
 	podWatch, err := d.k.watch(ctx, podArgs...)
@@ -449,38 +519,58 @@ func (d *demo) handover(ctx context.Context) error {
 	defer lockWatch.close()
 	// Both watches have listed the current state, so they see what follows.
 	if _, _, err := podWatch.next(ctx, waitTimeout, func(s string) bool { return s == "ADDED" }); err != nil {
-		return fmt.Errorf("the watch on web-1: %w", err)
+		return fmt.Errorf("the watch on %s: %w", d.leader, err)
 	}
-	if _, _, err := lockWatch.next(ctx, waitTimeout, func(s string) bool { return s == "web-1" }); err != nil {
+	if _, _, err := lockWatch.next(ctx, waitTimeout, func(s string) bool { return s == d.leader }); err != nil {
 		return fmt.Errorf("the watch on leader: %w", err)
 	}
 
+	next := d.followers[0]
 	sent := time.Now()
-	if _, err := d.k.run(ctx, "delete", "pod", "web-1", "--wait=false"); err != nil {
+	if _, err := d.k.run(ctx, "delete", "pod", d.leader, "--wait=false"); err != nil {
 		return err
 	}
 	returned := time.Now()
 	deleted, _, err := podWatch.next(ctx, waitTimeout, func(s string) bool { return s == "DELETED" })
 	if err != nil {
-		return &checkError{what: "the pod watch", expected: "DELETED web-1", got: err.Error()}
+		return &checkError{what: "the pod watch", expected: "DELETED " + d.leader, got: err.Error()}
 	}
-	granted, seen, err := lockWatch.next(ctx, waitTimeout, func(s string) bool { return s == "web-2" })
+	granted, seen, err := lockWatch.next(ctx, waitTimeout, func(s string) bool { return s == next })
 	if err != nil {
 		var texts []string
 		for _, l := range seen {
 			texts = append(texts, orNone(l.text))
 		}
-		return &checkError{what: "the lock watch", expected: "holder web-2", got: fmt.Sprintf("%v (holders seen: %v)", err, texts)}
+		return &checkError{what: "the lock watch", expected: "holder " + next, got: fmt.Sprintf("%v (holders seen: %v)", err, texts)}
 	}
 	ms := func(t time.Time) string { return fmt.Sprintf("%+6dms", t.Sub(sent).Milliseconds()) }
-	fmt.Fprintf(d.out, "  %s  kubectl delete started\n", ms(sent))
-	fmt.Fprintf(d.out, "  %s  pod watch: web-1 DELETED\n", ms(deleted.at))
-	fmt.Fprintf(d.out, "  %s  kubectl delete returned\n", ms(returned))
-	fmt.Fprintf(d.out, "  %s  lock watch: holder web-2\n", ms(granted.at))
+	type event struct {
+		at   time.Time
+		what string
+	}
+	events := []event{
+		{sent, "kubectl delete started"},
+		{returned, "kubectl delete returned"},
+		{deleted.at, "pod watch: " + d.leader + " DELETED (stopped, and removed)"},
+		{granted.at, "lock watch: holder " + next},
+	}
+	slices.SortStableFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
+	for _, ev := range events {
+		fmt.Fprintf(d.out, "  %s  %s\n", ms(ev.at), ev.what)
+	}
 	handover := granted.at.Sub(deleted.at)
 
-	lock, err := d.waitForHolder(ctx, "leader", "web-2", "web-3")
-	if err != nil {
+	// The ReplicaSet's new pod joins the waiting list behind the other.
+	var lock *locksv1.DistributedLock
+	expected := fmt.Sprintf("holder %s, %s waiting", next, d.followers[1])
+	if err := d.waitFor(ctx, "the status of DistributedLock leader", expected, func() (bool, string, error) {
+		var err error
+		if lock, err = d.lock(ctx, "leader"); err != nil {
+			return false, "", err
+		}
+		return holderName(lock) == next && slices.Contains(lock.Status.Waiting, d.followers[1]),
+			fmt.Sprintf("holder %s, waiting %v", orNone(holderName(lock)), lock.Status.Waiting), nil
+	}); err != nil {
 		return err
 	}
 	if _, err := d.k.run(ctx, "get", "dlock", "leader"); err != nil {
@@ -490,13 +580,13 @@ func (d *demo) handover(ctx context.Context) error {
 		return err
 	}
 	if handover >= maxHandover {
-		return &checkError{what: "the handover time", expected: "under " + maxHandover.String(), got: handover.String()}
+		return &checkError{what: "the handover time", expected: "under " + maxHandover.String() + " after the pod was gone", got: handover.String()}
 	}
 	if lock.Status.Holder.Token <= d.leaderT {
-		return &checkError{what: "the fencing token", expected: fmt.Sprintf("above web-1's %d", d.leaderT), got: strconv.FormatInt(lock.Status.Holder.Token, 10)}
+		return &checkError{what: "the fencing token", expected: fmt.Sprintf("above %s's %d", d.leader, d.leaderT), got: strconv.FormatInt(lock.Status.Holder.Token, 10)}
 	}
-	if err := d.waitFor(ctx, "the holder marks on web-2", "label "+locksv1.HolderLabelFor("leader")+"=true", func() (bool, string, error) {
-		pod, err := d.pod(ctx, "web-2")
+	if err := d.waitFor(ctx, "the holder marks on "+next, "label "+locksv1.HolderLabelFor("leader")+"=true", func() (bool, string, error) {
+		pod, err := d.pod(ctx, next)
 		if err != nil {
 			return false, "", err
 		}
@@ -504,8 +594,8 @@ func (d *demo) handover(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.ok("web-2 took over leader %dms after web-1's deletion (fencing token %d -> %d)",
-		handover.Milliseconds(), d.leaderT, lock.Status.Holder.Token)
+	d.ok("%s took over leader (fencing token %d -> %d) %dms after the deletion request, %+dms from %s being gone",
+		next, d.leaderT, lock.Status.Holder.Token, granted.at.Sub(sent).Milliseconds(), handover.Milliseconds(), d.leader)
 	return nil
 }
 
@@ -516,17 +606,35 @@ func (d *demo) inPodClient(ctx context.Context) error {
 		"client's ID is the pod's UID (POD_UID, from the downward API), so its owners are",
 		"\"<pod UID>:<n>\": the controller shows which pod holds the lock, and releases the hold",
 		"when the pod ends.")
-	if _, err := d.k.run(ctx, "run", "worker", "--image=registry.example/worker:1.0", "--labels=app=worker"); err != nil {
+	d.say("The worker is a Job's pod; on these fake nodes it fails (exit code 1) 15s after it",
+		"starts, as its annotations ask kwok:")
+	if _, err := d.k.apply(ctx, `
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: worker
+spec:
+  backoffLimit: 0
+  template:
+    metadata:
+      labels:
+        app: worker
+      annotations:
+        `+plane.CompleteDelayAnnotation+`: 15s
+        `+plane.FailAnnotation+`: "true"
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: worker
+        image: registry.example/worker:1.0
+`); err != nil {
 		return err
 	}
-	if _, err := d.k.run(ctx, markRunning("worker")...); err != nil {
-		return err
-	}
-	uid, err := d.k.run(ctx, "get", "pod", "worker", "-o", "jsonpath={.metadata.uid}")
+	workerPod, err := d.waitForJobPod(ctx, "worker", "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	if err != nil {
 		return err
 	}
-	uid = strings.TrimSpace(uid)
+	uid := string(workerPod.UID)
 
 	key := redislock.LockName(namespace, "jobs")
 	d.say(fmt.Sprintf("The worker takes the lock %s, the default key of the DistributedLock demo/jobs,", key),
@@ -579,7 +687,7 @@ spec:
 `); err != nil {
 		return err
 	}
-	lock, err := d.waitForHolder(ctx, "jobs", "worker")
+	lock, err := d.waitForHolder(ctx, "jobs", workerPod.Name)
 	if err != nil {
 		return err
 	}
@@ -590,16 +698,17 @@ spec:
 	h := lock.Status.Holder
 	if h.GrantedByController || h.OwnerID != string(hold.Owner()) || h.Token != hold.Token() || h.PodUID != uid {
 		return &checkError{what: "the holder of jobs",
-			expected: fmt.Sprintf("pod worker, owner %s, grantedByController=false, token %d", hold.Owner(), hold.Token()),
+			expected: fmt.Sprintf("pod %s, owner %s, grantedByController=false, token %d", workerPod.Name, hold.Owner(), hold.Token()),
 			got:      fmt.Sprintf("pod %s, owner %s, grantedByController=%t, token %d", h.PodName, h.OwnerID, h.GrantedByController, h.Token)}
 	}
 	d.ok("the controller shows the worker's own hold: owner %s, grantedByController=false", h.OwnerID)
 
-	d.say("The worker fails:")
-	if _, err := d.k.run(ctx, setPhase("worker", corev1.PodFailed)...); err != nil {
+	d.say("The worker's pod fails, 15s after it started:")
+	if _, err := d.waitForHolder(ctx, "jobs", ""); err != nil {
 		return err
 	}
-	if _, err := d.waitForHolder(ctx, "jobs", ""); err != nil {
+	if _, err := d.k.run(ctx, "get", "pods", "-l", "app=worker", "-o",
+		"custom-columns=NAME:.metadata.name,PHASE:.status.phase,EXIT-CODE:.status.containerStatuses[0].state.terminated.exitCode"); err != nil {
 		return err
 	}
 	if _, err := d.k.run(ctx, "get", "dlock", "jobs"); err != nil {
@@ -623,9 +732,12 @@ spec:
 	if !errors.Is(hold.Err(), redislock.ErrNotOwner) {
 		return &checkError{what: "why the worker's hold ended", expected: redislock.ErrNotOwner.Error(), got: fmt.Sprint(hold.Err())}
 	}
-	pod, err := d.pod(ctx, "worker")
+	pod, err := d.pod(ctx, workerPod.Name)
 	if err != nil {
 		return err
+	}
+	if pod.Status.Phase != corev1.PodFailed {
+		return &checkError{what: "the phase of " + pod.Name, expected: "Failed", got: string(pod.Status.Phase)}
 	}
 	if err := checkMarks(pod, "", 0); err != nil {
 		return err
@@ -674,8 +786,8 @@ func (d *demo) summary(ctx context.Context) error {
 		"-o", "custom-columns=LOCK:.involvedObject.name,REASON:.reason,MESSAGE:.message"); err != nil {
 		return err
 	}
-	if holderName(lock) != "web-2" {
-		return &checkError{what: "the holder of leader", expected: "web-2", got: orNone(holderName(lock))}
+	if holderName(lock) != d.followers[0] {
+		return &checkError{what: "the holder of leader", expected: d.followers[0], got: orNone(holderName(lock))}
 	}
 	return nil
 }
