@@ -43,17 +43,12 @@ fmt: ## Run gofmt on the code.
 .PHONY: vet
 vet: ## Run go vet on the main module and the benchmark module.
 	$(GO) vet ./...
-	$(GO) vet -tags e2e_guard ./test/e2e/
 	cd bench && $(GO) vet ./...
 
 .PHONY: test
 test: test-deps manifests generate vet ## Run every test, with the race detector, against real redis-server, envtest and the local control plane.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed on:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test $(GOTEST_FLAGS) ./...
-
-.PHONY: test-e2e-guard
-test-e2e-guard: test-deps manifests ## Run the end-to-end tests of graceful termination (build tag e2e_guard), kept out of `make test` until the controller's fix lands.
-	KUBEBUILDER_ASSETS="$$(hack/setup-plane.sh)" $(GO) test $(GOTEST_FLAGS) -tags e2e_guard -run 'Graceful|Eviction' -v ./test/e2e/
 
 .PHONY: soak
 soak: test-deps ## Run the fault soak longer than `make test` does: SOAK_ACQUISITIONS (default 1,000,000) under random faults.

@@ -1,11 +1,6 @@
-//go:build e2e_guard
-
 // These tests end a holder gracefully: its containers run on through the
 // grace period after the deletion timestamp is set, so the lock must not
-// move before they stop. They are behind the build tag e2e_guard until the
-// controller's fix for graceful termination lands; run them with
-//
-//	go test -tags e2e_guard -run 'Graceful|Eviction|ReplaceGraceful' ./test/e2e/
+// move before they stop.
 
 package e2e
 

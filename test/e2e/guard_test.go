@@ -49,8 +49,8 @@ func TestCronJobPolicies(t *testing.T) {
 		// The second run is skipped while the first is active.
 		{policy: batchv1.ForbidConcurrent, runs: 1},
 		// The first run is deleted and the second runs. The first pod's
-		// grace period is 0 here; the case of a longer one is in the
-		// e2e_guard tests.
+		// grace period is 0 here; TestCronJobReplaceGracefulNeverOverlaps
+		// gives it one of 5 s.
 		{policy: batchv1.ReplaceConcurrent, runs: 2},
 	}
 	next := nextMinute()
