@@ -227,7 +227,12 @@ func (w *world) step() string {
 		{8, "succeed", func() bool { return w.finish(pods, corev1.PodSucceeded) }},
 		{6, "fail", func() bool { return w.finish(pods, corev1.PodFailed) }},
 		{10, "delete with grace", func() bool {
-			p := w.pick(pods, func(p *corev1.Pod) bool { return p.DeletionTimestamp.IsZero() })
+			// Mostly running pods on a node, whose deletion is graceful:
+			// the path where a holder runs on after its deletion.
+			running := w.rng.IntN(4) > 0
+			p := w.pick(pods, func(p *corev1.Pod) bool {
+				return p.DeletionTimestamp.IsZero() && (p.Spec.NodeName != "" && !isStopped(p)) == running
+			})
 			if p == nil {
 				return false
 			}

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"regexp"
 	"slices"
 	"strings"
@@ -145,9 +144,7 @@ func (s *scope) readRedis(ctx context.Context) error {
 	case isRedisError(err):
 		s.redisErr = err
 		return nil
-	case errors.Is(err, redislock.ErrInvalidName):
-		return nil // admission refuses such keys
-	case err != nil:
+	case err != nil: // an invalid name, which admission refuses
 		return err
 	}
 	s.info, s.holders = info, nil
