@@ -445,6 +445,11 @@ func (w *world) settle(after string) {
 			if err != nil || (res.RequeueAfter > 0 && res.RequeueAfter <= 2*time.Second) {
 				quiet = false
 			}
+			// A lock being deleted is settled once it is gone: its
+			// finalizer may have run in a worker since the cache was read.
+			if !l.DeletionTimestamp.IsZero() {
+				quiet = false
+			}
 		}
 		if quiet && w.h.writes.Load() == before {
 			w.syncLocks()
