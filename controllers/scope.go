@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -161,10 +162,16 @@ func (s *scope) readRedis(ctx context.Context) error {
 	return nil
 }
 
+// markNotALock shows that the key holds something else, and nothing of it.
 func (s *scope) markNotALock() {
 	s.holders = nil
 	for _, l := range s.locks {
-		setCondition(l, locksv1.ConditionReady, "False", "KeyInUse",
+		l.Status.Key = s.key
+		l.Status.Holder, l.Status.Waiting, l.Status.WaitingCount = nil, nil, 0
+		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
+			meta.RemoveStatusCondition(&l.Status.Conditions, c)
+		}
+		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "KeyInUse",
 			"the Redis key holds data that is not a lock; choose another spec.key")
 	}
 }
