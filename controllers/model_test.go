@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -394,15 +395,19 @@ func (w *world) finish(pods []corev1.Pod, phase corev1.PodPhase) bool {
 	return true
 }
 
+// setContainers sets the pod's phase and container state as a kubelet
+// would, retrying when the controller's patch of the marks got in between.
 func (w *world) setContainers(p *corev1.Pod, phase corev1.PodPhase, state corev1.ContainerState) {
 	latest := &corev1.Pod{}
-	if err := k8s.Get(w.ctx, client.ObjectKeyFromObject(p), latest); err != nil {
-		w.must(client.IgnoreNotFound(err))
-		return
-	}
-	latest.Status.Phase = phase
-	latest.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "busybox", State: state}}
-	if err := k8s.Status().Update(w.ctx, latest); err != nil {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(w.ctx, client.ObjectKeyFromObject(p), latest); err != nil {
+			return err
+		}
+		latest.Status.Phase = phase
+		latest.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "busybox", State: state}}
+		return k8s.Status().Update(w.ctx, latest)
+	})
+	if err != nil {
 		w.must(client.IgnoreNotFound(err))
 		return
 	}
