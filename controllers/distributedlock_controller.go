@@ -97,8 +97,9 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		lock.Status.Holder, lock.Status.Waiting, lock.Status.WaitingCount = nil, nil, 0
 		setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
 			"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", key, lock.Namespace))
-		meta.RemoveStatusCondition(&lock.Status.Conditions, locksv1.ConditionHeld)
-		meta.RemoveStatusCondition(&lock.Status.Conditions, locksv1.ConditionConflict)
+		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
+			meta.RemoveStatusCondition(&lock.Status.Conditions, c)
+		}
 		return ctrl.Result{}, r.patchStatus(ctx, before, lock)
 	}
 

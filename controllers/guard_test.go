@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -32,16 +33,20 @@ func bind(t *testing.T, pod *corev1.Pod) {
 	}
 }
 
-// setContainers sets every container's state, as a kubelet reports it.
+// setContainers sets every container's state, as a kubelet reports it,
+// retrying when the controller's patch of the marks got in between.
 func setContainers(t *testing.T, pod *corev1.Pod, phase corev1.PodPhase, state corev1.ContainerState) {
 	t.Helper()
-	p := getPod(t, pod)
-	p.Status.Phase = phase
-	p.Status.ContainerStatuses = nil
-	for _, c := range p.Spec.Containers {
-		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, State: state})
-	}
-	if err := k8s.Status().Update(context.Background(), p); err != nil {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p := getPod(t, pod)
+		p.Status.Phase = phase
+		p.Status.ContainerStatuses = nil
+		for _, c := range p.Spec.Containers {
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, State: state})
+		}
+		return k8s.Status().Update(context.Background(), p)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }

@@ -50,16 +50,15 @@ func (g *grants) get(key string) *grant {
 	return g.byKey[key]
 }
 
-// put records a grant and returns the one it replaces, if any.
-func (g *grants) put(key string, gr *grant) *grant {
+// put records the key's grant, replacing any earlier one: keepGrants has
+// reported that one lost before a new grant of the key is made.
+func (g *grants) put(key string, gr *grant) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.byKey == nil {
 		g.byKey = map[string]*grant{}
 	}
-	old := g.byKey[key]
 	g.byKey[key] = gr
-	return old
 }
 
 // drop forgets the key's grant if it is the pod's.

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -38,7 +39,7 @@ import (
 //   - no holder in Redis is a pod that has stopped or is gone.
 //
 // LOCKWARDEN_MODEL_STEPS sets the number of steps (default 10,000, shared
-// among three independent worlds that run in parallel), and
+// between two independent worlds that run in parallel), and
 // LOCKWARDEN_MODEL_SEED the seed (default: the time, logged).
 func TestModel(t *testing.T) {
 	steps := 10000
@@ -55,8 +56,10 @@ func TestModel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The worlds run side by side: a step mostly waits on the API server.
-	const worlds = 3
+	// The worlds run side by side, since a step mostly waits on the API
+	// server; two, as go test runs GOMAXPROCS parallel tests at once and
+	// this suite is meant to run on two cores.
+	const worlds = 2
 	for n := range worlds {
 		t.Run(fmt.Sprintf("world-%d", n), func(t *testing.T) {
 			t.Parallel()
@@ -227,7 +230,12 @@ func (w *world) step() string {
 		{8, "succeed", func() bool { return w.finish(pods, corev1.PodSucceeded) }},
 		{6, "fail", func() bool { return w.finish(pods, corev1.PodFailed) }},
 		{10, "delete with grace", func() bool {
-			p := w.pick(pods, func(p *corev1.Pod) bool { return p.DeletionTimestamp.IsZero() })
+			// Mostly running pods on a node, whose deletion is graceful:
+			// the path where a holder runs on after its deletion.
+			running := w.rng.IntN(4) > 0
+			p := w.pick(pods, func(p *corev1.Pod) bool {
+				return p.DeletionTimestamp.IsZero() && (p.Spec.NodeName != "" && !isStopped(p)) == running
+			})
 			if p == nil {
 				return false
 			}
@@ -387,15 +395,19 @@ func (w *world) finish(pods []corev1.Pod, phase corev1.PodPhase) bool {
 	return true
 }
 
+// setContainers sets the pod's phase and container state as a kubelet
+// would, retrying when the controller's patch of the marks got in between.
 func (w *world) setContainers(p *corev1.Pod, phase corev1.PodPhase, state corev1.ContainerState) {
 	latest := &corev1.Pod{}
-	if err := k8s.Get(w.ctx, client.ObjectKeyFromObject(p), latest); err != nil {
-		w.must(client.IgnoreNotFound(err))
-		return
-	}
-	latest.Status.Phase = phase
-	latest.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "busybox", State: state}}
-	if err := k8s.Status().Update(w.ctx, latest); err != nil {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(w.ctx, client.ObjectKeyFromObject(p), latest); err != nil {
+			return err
+		}
+		latest.Status.Phase = phase
+		latest.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "busybox", State: state}}
+		return k8s.Status().Update(w.ctx, latest)
+	})
+	if err != nil {
 		w.must(client.IgnoreNotFound(err))
 		return
 	}
@@ -438,6 +450,11 @@ func (w *world) settle(after string) {
 			// A look asked for soon means a retry (Redis failed, a
 			// conflict); a later one is a holder's start deadline.
 			if err != nil || (res.RequeueAfter > 0 && res.RequeueAfter <= 2*time.Second) {
+				quiet = false
+			}
+			// A lock being deleted is settled once it is gone: its
+			// finalizer may have run in a worker since the cache was read.
+			if !l.DeletionTimestamp.IsZero() {
 				quiet = false
 			}
 		}

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"regexp"
 	"slices"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -145,9 +145,7 @@ func (s *scope) readRedis(ctx context.Context) error {
 	case isRedisError(err):
 		s.redisErr = err
 		return nil
-	case errors.Is(err, redislock.ErrInvalidName):
-		return nil // admission refuses such keys
-	case err != nil:
+	case err != nil: // an invalid name, which admission refuses
 		return err
 	}
 	s.info, s.holders = info, nil
@@ -164,10 +162,16 @@ func (s *scope) readRedis(ctx context.Context) error {
 	return nil
 }
 
+// markNotALock shows that the key holds something else, and nothing of it.
 func (s *scope) markNotALock() {
 	s.holders = nil
 	for _, l := range s.locks {
-		setCondition(l, locksv1.ConditionReady, "False", "KeyInUse",
+		l.Status.Key = s.key
+		l.Status.Holder, l.Status.Waiting, l.Status.WaitingCount = nil, nil, 0
+		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
+			meta.RemoveStatusCondition(&l.Status.Conditions, c)
+		}
+		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "KeyInUse",
 			"the Redis key holds data that is not a lock; choose another spec.key")
 	}
 }
