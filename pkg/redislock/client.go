@@ -142,7 +142,10 @@ type Client struct {
 	ownerSeq atomic.Uint64
 	closed   atomic.Bool
 	done     chan struct{} // closed by Close
-	loops    sync.WaitGroup
+	// closing is cancelled by Close, for the Redis calls in progress.
+	closing     context.Context
+	stopClosing context.CancelFunc
+	loops       sync.WaitGroup
 	// calls is held shared by every Lock and Unlock in progress, and
 	// exclusively by Close, which so waits for them to finish: a waiter
 	// leaves the wait queue before Close returns.
@@ -191,6 +194,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 	if sharded {
 		c.scripts = shardedScripts
 	}
+	c.closing, c.stopClosing = context.WithCancel(context.Background())
 	// Owner numbers start at a random point, so that two processes with
 	// the same ID (two containers of one pod, or a restarted container whose
 	// lease still runs) never share an owner ID and re-enter each other's
@@ -206,15 +210,19 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 func (c *Client) ID() string { return c.opts.ID }
 
 // Close stops the renewal loop and the subscription, and waits for them to
-// exit. Waiting Locks leave the wait queue and return ErrClosed; Close waits
-// for them (each for at most RetryFallback). Locks still held are not
-// released: their leases run out, and their contexts are cancelled with
-// ErrClosed. Calls on a closed client return ErrClosed.
+// exit. Waiting Locks leave the wait queue and return ErrClosed, and Close
+// waits for every call in progress. A call's Redis command already sent is
+// not interrupted (go-redis reads its reply until its read timeout, and
+// retries): on a dead connection, Close takes up to go-redis's MaxRetries ×
+// ReadTimeout, 9 s with its defaults. Locks still held are not released:
+// their leases run out, and their contexts are cancelled with ErrClosed.
+// Calls on a closed client return ErrClosed.
 func (c *Client) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
 	close(c.done)
+	c.stopClosing()
 	c.waits.close()
 	// Wait for the calls in progress: waiters wake on done and leave.
 	c.calls.Lock()
@@ -255,6 +263,16 @@ func (c *Client) beginCall() error {
 }
 
 func (c *Client) endCall() { c.calls.RUnlock() }
+
+// untilClosed returns ctx, also cancelled when the Client closes.
+func (c *Client) untilClosed(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.closing, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
 
 // Owner identifies who holds a lock: an owner ID "<id>:<n>". A Lock whose
 // context carries the owner of a lock re-enters it; each Lock's Hold needs

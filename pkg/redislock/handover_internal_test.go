@@ -25,7 +25,7 @@ func TestLeaveUndoesALateHandOver(t *testing.T) {
 	lease, _ := m.leaseTerms()
 	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
 	for i, owner := range []Owner{holder, gaveUp, next} {
-		res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, false, string(owner))
+		res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, string(owner))
 		if err != nil || res.acquired != (i == 0) {
 			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
 		}
@@ -61,7 +61,7 @@ func TestLeaveKeepsAHoldThatWasNotGranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := c.NewOwner()
-	if res, err := c.tryAcquire(ctx, m, owner, 0, false, false, ""); err != nil || !res.acquired {
+	if res, err := c.tryAcquire(ctx, m, owner, 0, false, ""); err != nil || !res.acquired {
 		t.Fatalf("acquire: acquired %v, %v", res.acquired, err)
 	}
 	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), owner}, ticket: "a Lock call of the owner"})
@@ -87,7 +87,7 @@ func TestLeaveTwiceUndoesOneGrant(t *testing.T) {
 	lease, _ := m.leaseTerms()
 	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
 	for i, owner := range []Owner{holder, gaveUp, next} {
-		if res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, false, string(owner)); err != nil || res.acquired != (i == 0) {
+		if res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, string(owner)); err != nil || res.acquired != (i == 0) {
 			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
 		}
 	}

@@ -132,7 +132,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	start := time.Now()
 	if wait == 0 {
 		// A single attempt, which neither queues nor waits.
-		res, err := c.tryAcquire(ctx, m, owner, 0, false, false, "")
+		res, err := c.tryAcquire(ctx, m, owner, 0, false, "")
 		if err != nil {
 			return nil, err
 		}
@@ -153,7 +153,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 		return nil, err
 	}
 	defer c.waits.exit(w)
-	res, err := c.waits.attempt(ctx, w, m, false)
+	res, err := c.waits.attempt(ctx, w, m)
 	if err != nil {
 		return nil, err
 	}
@@ -186,18 +186,18 @@ type acquireResult struct {
 // tryAcquire runs the acquire script once: one round trip, or one pipelined
 // round trip with WAIT when Options.WaitReplicas is set. If the reply is
 // lost, the same request is sent again until Redis answers (see request.go).
-// queued is set for an owner already queued, which takes a grant to it
-// (see acquire.lua's ARGV[5]); afterRelease for an attempt made on a release
-// message (ARGV[8]); ticket is the waiting Lock call's (ARGV[9]). If ctx ended while the outcome was being
-// found out and the lock was taken, it is released again.
-func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, queued, afterRelease bool, ticket string) (acquireResult, error) {
+// afterRelease is set for an attempt made on a release message (acquire.lua's
+// ARGV[7]); ticket is the waiting Lock call's (ARGV[8]), whose grant the
+// attempt takes. If ctx ended while the outcome was being found out and the
+// lock was taken, it is released again.
+func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, afterRelease bool, ticket string) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
 		return acquireResult{}, err // nothing sent, nothing to undo
 	}
 	lease, _ := m.leaseTerms()
 	request := newRequestID()
 	keys := m.keys.withLatch(request)
-	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), m.keys.noticePrefix, queued,
+	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), m.keys.noticePrefix,
 		c.latchTTL.Milliseconds(), c.opts.ID, afterRelease, ticket}
 
 	res := acquireResult{sent: time.Now()}

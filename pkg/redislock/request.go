@@ -66,12 +66,19 @@ func outcomeUnknown(err error) bool {
 // the caller's cancellation, until Redis answers or the resolve window (QueueTTL)
 // passes; then it returns the first error.
 func resolved[T any](ctx context.Context, c *Client, call func(context.Context) (T, error)) (T, error) {
+	// Close waits for the calls in progress: once it has begun, a request
+	// not yet sent is not sent, and one whose reply was lost is not resent.
+	// (go-redis does not interrupt a read in flight for a cancelled ctx.)
+	ctx, stop := c.untilClosed(ctx)
+	defer stop()
 	reply, err := call(ctx)
 	if !outcomeUnknown(err) {
 		return reply, err
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.resolveWindow)
+	rctx, cancel := c.untilClosed(context.WithoutCancel(ctx))
 	defer cancel()
+	rctx, cancelWindow := context.WithTimeout(rctx, c.resolveWindow)
+	defer cancelWindow()
 	pause := 10 * time.Millisecond
 	for {
 		select {

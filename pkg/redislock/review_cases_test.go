@@ -17,6 +17,14 @@ import (
 // Cases an adversarial review of the lost-reply work found: each broke the
 // one-holder promise, or kept a lock held for good, before its fix.
 
+// proxiedRedis is a go-redis client through p, closed at cleanup.
+func proxiedRedis(t *testing.T, p *redistest.Proxy) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
 // lockResult is what a Lock in the background returned.
 type lockResult struct {
 	h   *redislock.Hold
@@ -242,5 +250,112 @@ func TestElectionStoppedAsItWinsLeavesNoLeader(t *testing.T) {
 			}
 			t.Fatalf("iteration %d: lock held after all returned: %+v", i, info)
 		}
+	}
+}
+
+// Found in a second review (a second holder): two Clients act for one
+// owner. B's Lock heads the queue and its retry takes the lock as its lease
+// runs out, while B's context ends and A re-enters. B's give-up undid its
+// level, but left its grant while A's level remained, and its leave then
+// undid that grant: A's level. Now a release with the call's ticket clears
+// its grant at any level.
+func TestGiveUpAfterAnUndoneTakeKeepsTheOwnersOtherLevel(t *testing.T) {
+	srv := redistest.Start(t)
+	p := redistest.StartProxy(t, srv.Addr)
+	ctx := testContext(t)
+	name := lockName(t)
+	opts := redislock.Options{RetryFallback: 5 * time.Second, QueueTTL: 30 * time.Second}
+	direct := srv.Client(t)
+	cX := newClient(t, srv.Client(t), opts)
+	cA := newClient(t, srv.Client(t), opts)
+	cB := newClient(t, proxiedRedis(t, p), opts)
+	cZ := newClient(t, srv.Client(t), opts)
+	const owner = redislock.Owner("shared:1")
+
+	if _, err := newMutex(t, cX, name, &redislock.MutexOptions{Lease: 2 * time.Second}).TryLock(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	mB := newMutex(t, cB, name, &redislock.MutexOptions{Owner: owner, Lease: 30 * time.Second})
+	mA := newMutex(t, cA, name, &redislock.MutexOptions{Owner: owner, Lease: 30 * time.Second})
+
+	bctx, cancelB := context.WithCancel(ctx)
+	defer cancelB()
+	resB := lockAsync(bctx, mB)
+	waitFor(t, func() bool { return len(inspect(t, cZ, name).Waiters) == 1 }, "B to queue")
+	time.Sleep(500 * time.Millisecond) // subscription and follow-up attempt
+	p.Delay(600 * time.Millisecond)
+
+	// B's attempt after the lease ran out takes the lock in Redis.
+	waitFor(t, func() bool {
+		info := inspect(t, cZ, name)
+		return len(info.Holders) == 1 && info.Holders[0].Owner == owner
+	}, "B's attempt to take the lock")
+	cancelB()
+	hA := mustLock(t, ctx, mA) // re-entry: count 2
+	t.Logf("after A's re-entry: count=%d entry=%q", count(t, direct, name, owner),
+		direct.HGet(ctx, "lockwarden_lock_queue_entry:{"+name+"}", string(owner)).Val())
+	r := <-resB
+	t.Logf("B's Lock: hold=%v err=%v", r.h != nil, r.err)
+	p.Heal()
+	if r.err == nil {
+		t.Skip("B got its hold before seeing ctx end; timing missed")
+	}
+	time.Sleep(200 * time.Millisecond)
+
+	n := count(t, direct, name, owner)
+	t.Logf("after B gave up: count=%d, A's Hold.Err()=%v", n, hA.Err())
+	z, err := newMutex(t, cZ, name, nil).TryLock(ctx, 0)
+	if err == nil && hA.Err() == nil {
+		t.Fatalf("TWO HOLDERS: Z took the lock (token %d) while A's Hold (token %d) still holds; B's give-up undid A's level (count now %d)",
+			z.Token(), hA.Token(), n)
+	}
+	if !errors.Is(err, redislock.ErrWaitTimeout) {
+		t.Fatalf("Z TryLock: %v", err)
+	}
+	if n != 1 {
+		t.Fatalf("owner's count = %d, want 1 (A's level)", n)
+	}
+	mustUnlock(t, ctx, hA)
+}
+
+// Found in a second review (a level nobody renews): a Lock's first attempt
+// queues it, its reply is lost, and the lock is handed to the call before
+// the request is resent. The resend counted a re-entry on top of the grant,
+// as the first attempt did not count as queued; now the call's ticket alone
+// decides that it takes the grant.
+func TestLostFirstReplyAndAHandOverTakeOneLevel(t *testing.T) {
+	srv := redistest.Start(t)
+	p := redistest.StartProxy(t, srv.Addr)
+	ctx := testContext(t)
+	name := lockName(t)
+	opts := redislock.Options{RetryFallback: 5 * time.Second, QueueTTL: 30 * time.Second}
+	direct := srv.Client(t)
+	cX := newClient(t, srv.Client(t), opts)
+	cB := newClient(t, proxiedRedis(t, p), opts)
+
+	hX, err := newMutex(t, cX, name, &redislock.MutexOptions{Lease: time.Minute}).TryLock(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mB := newMutex(t, cB, name, &redislock.MutexOptions{Lease: 20 * time.Second})
+
+	p.Delay(400 * time.Millisecond)
+	resB := lockAsync(ctx, mB)
+	waitFor(t, func() bool { return len(inspect(t, cX, name).Waiters) == 1 }, "B's first attempt to run")
+	p.LoseReplies(1)       // the reply, still in the proxy, is lost
+	mustUnlock(t, ctx, hX) // hands the lock to B's call
+
+	r := <-resB
+	p.Heal()
+	if r.err != nil {
+		t.Fatalf("B's Lock: %v", r.err)
+	}
+	n := count(t, direct, name, r.h.Owner())
+	t.Logf("B holds with 1 Hold; Redis count=%d", n)
+	mustUnlock(t, ctx, r.h)
+	info := inspect(t, cX, name)
+	if info.Held() {
+		t.Fatalf("after B's only Unlock, the lock is still held: %+v (count in Redis before Unlock was %d); nobody renews it, it stays until its lease runs out",
+			info, n)
 	}
 }

@@ -225,13 +225,13 @@ func (ws *waiting) notice(payload string) {
 // waiter knows it is the head: a head notice is newer than what the attempt
 // can tell, so it wins; a release message means the new head must retry at
 // once rather than sleep through it.
-func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex, takeHandover bool) (acquireResult, error) {
+func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex) (acquireResult, error) {
 	ws.mu.Lock()
 	notices, releases := w.notices, w.releases
 	afterRelease := w.head && releases != w.releasesTried
 	w.releasesTried = releases
 	ws.mu.Unlock()
-	res, err := ws.c.tryAcquire(ctx, m, w.key.owner, ws.c.opts.QueueTTL, takeHandover, afterRelease, w.ticket)
+	res, err := ws.c.tryAcquire(ctx, m, w.key.owner, ws.c.opts.QueueTTL, afterRelease, w.ticket)
 	if err == nil && !res.acquired {
 		ws.mu.Lock()
 		w.queuedSent = res.sent
@@ -307,9 +307,8 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 		}
 	}
 
-	// Every retry is sent as an owner already queued: if it finds a grant to
-	// the owner, a hand-over whose notice was missed or came too late, the
-	// retry takes it.
+	// A retry that finds a grant to this call, a hand-over whose notice was
+	// missed or came too late, takes it.
 	res, retry := first, !listening
 	sleep := time.NewTimer(0)
 	defer sleep.Stop()
@@ -327,7 +326,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 				return giveUp(err)
 			}
 			var err error
-			res, err = ws.attempt(ctx, w, m, true)
+			res, err = ws.attempt(ctx, w, m)
 			switch {
 			case errors.Is(err, ErrUnavailable):
 				// A failover or a dropped connection: keep waiting, and try

@@ -223,19 +223,20 @@ var shapes = map[string]func(ctx context.Context, rdb *redis.Client) error{
 				"lockwarden_lock_request:" + tag + ":" + newRequestID()}
 		}
 		const clientID = "6f1ed002-ab5d-4b2f-9c3a-1c8a2e3d4f5a"
-		const owner, prefix = clientID + ":1", "lockwarden_lock__notice:"
+		const owner, prefix = clientID + ":1", "lockwarden_lock__notice:" + tag + ":"
 		// Default Options: watchdog lease 30s, queue TTL 5s; the latch TTL
 		// lockwarden derives from go-redis's default options (4 tries of 5s
 		// read + 5s write + 1s backoff) plus the queue TTL.
 		const lease, queueTTL, latchTTL = 30000, 5000, 49000
-		// acquire.lua: lease, owner, queue TTL, notice prefix, queued, latch
-		// TTL, client ID.
-		if err := emptyScript.Run(ctx, rdb, keys(), lease, owner, queueTTL, prefix, false, latchTTL, clientID).Err(); err != nil {
+		// acquire.lua: lease, owner, queue TTL, notice prefix, latch TTL,
+		// client ID, after a release message, the call's ticket.
+		ticket := newRequestID()
+		if err := emptyScript.Run(ctx, rdb, keys(), lease, owner, queueTTL, prefix, latchTTL, clientID, false, ticket).Err(); err != nil {
 			return err
 		}
 		// release.lua: owner, lease, notice prefix, hand-over lease (the
-		// queue TTL), latch TTL, granted.
-		return emptyScript.Run(ctx, rdb, keys(), owner, lease, prefix, queueTTL, latchTTL, false).Err()
+		// queue TTL), latch TTL, the call's ticket, the fencing token.
+		return emptyScript.Run(ctx, rdb, keys(), owner, lease, prefix, queueTTL, latchTTL, ticket, int64(1795458593061553)).Err()
 	},
 	"redsync":       setThenScript("lockbench:shape:redsync"),
 	"bsm/redislock": setThenScript("lockbench:shape:bsm"),

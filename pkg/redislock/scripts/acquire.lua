@@ -5,13 +5,12 @@
 -- ARGV[2] owner ID
 -- ARGV[3] queue TTL in ms; 0 means do not queue (TryLock without waiting)
 -- ARGV[4] notice channel prefix
--- ARGV[5] '1' when the owner is a waiter already queued: a grant to it (see
---         lib.lua) is taken instead of counting a new level
--- ARGV[6] how long the request's latch is kept, in ms
--- ARGV[7] the client ID whose notice channel reaches the owner
--- ARGV[8] '1' when the attempt follows a release message: the lock was freed
--- ARGV[9] the ticket of the Lock call, '' for one that does not wait: a
---         queued call takes only a grant made to its own ticket
+-- ARGV[5] how long the request's latch is kept, in ms
+-- ARGV[6] the client ID whose notice channel reaches the owner
+-- ARGV[7] '1' when the attempt follows a release message: the lock was freed
+-- ARGV[8] the ticket of the Lock call, '' for one that does not wait: a grant
+--         to the call's ticket (see lib.lua) is taken instead of counting a
+--         new level, whichever of the call's attempts finds it
 --
 -- Returns {1, token, count} when the owner holds the lock (count is its
 -- reentry count), or {0, pttl, isHead, token} when it does not. pttl is the
@@ -22,7 +21,7 @@
 -- answers token 0 if the counter expired (see token_retention): the holder
 -- keeps the token it has. Only a taken lock is latched: queueing again is
 -- harmless.
-local lease, owner, queueTTL, latchTTL = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[6])
+local lease, owner, queueTTL, latchTTL = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
 
 local function took(token, count)
   latch(string.format('%d %d', token, count), latchTTL)
@@ -45,7 +44,7 @@ if redis.call('hexists', KEYS[1], owner) == 1 then
     return {1, tonumber(token), tonumber(count)}
   end
   local count
-  if ARGV[5] == '1' and granted(owner, ARGV[9]) then
+  if ARGV[8] ~= '' and granted(owner, ARGV[8]) then
     -- The waiter takes the lock given to it: the level the grant made.
     redis.call('hdel', KEYS[5], owner)
     count = tonumber(redis.call('hget', KEYS[1], owner))
@@ -67,13 +66,13 @@ if pttl == -2 then
   local head, _, _, ticket = live_head()
   -- The head's own call takes it; another call of the same owner (a TryLock,
   -- or another client's Lock) waits its turn like anyone else's.
-  if not head or (head == owner and ARGV[9] ~= '' and ticket == ARGV[9]) then
+  if not head or (head == owner and ARGV[8] ~= '' and ticket == ARGV[8]) then
     redis.call('hset', KEYS[1], owner, 1)
     redis.call('pexpire', KEYS[1], lease)
     local token = next_token()
     if head then
       redis.call('zrem', KEYS[4], owner)
-      grant(owner, token, ARGV[9])
+      grant(owner, token, ARGV[8])
       local next, _, client = live_head()
       if next then
         notify(ARGV[4], client, next, '0')
@@ -84,12 +83,12 @@ if pttl == -2 then
 end
 
 if queueTTL > 0 then
-  enqueue(owner, lease, queueTTL, ARGV[7], ARGV[9])
+  enqueue(owner, lease, queueTTL, ARGV[6], ARGV[8])
 end
 local isHead = 0
 if redis.call('zrange', KEYS[4], 0, 0)[1] == owner then
   isHead = 1
-  if ARGV[8] == '1' and pttl > 0 then
+  if ARGV[7] == '1' and pttl > 0 then
     -- The head tried on a release message and found the lock taken: only a
     -- client outside the queue takes a free lock, so the head lost a race
     -- to one, and the queue is owed a turn (see free_lock).

@@ -8,8 +8,7 @@
 --         extends it (the releasing client's queue TTL)
 -- ARGV[5] how long the request's latch is kept, in ms
 -- ARGV[6] the ticket of the Lock call the ownership began with, '' if it did
---         not wait: a grant to that call still recorded (it was taken from
---         its notice) is cleared with the hold
+--         not wait: a grant to that call still recorded is cleared
 -- ARGV[7] the fencing token of the ownership the release is for, or 0 if not
 --         known: a release for an ownership that a newer one replaced (the
 --         lock was force-released and taken again by the same owner) is
@@ -41,6 +40,12 @@ if ARGV[7] ~= '0' then
     return -2
   end
 end
+-- The call the ownership began with is done waiting: a grant still recorded
+-- for it (taken from its notice, or by an attempt the caller then gave up)
+-- goes now, whatever level this is, so that no leave undoes a level for it.
+if ARGV[6] ~= '' and granted(owner, ARGV[6]) then
+  redis.call('hdel', KEYS[5], owner)
+end
 if count > 1 then
   redis.call('hincrby', KEYS[1], owner, -1)
   redis.call('pexpire', KEYS[1], ARGV[2])
@@ -50,9 +55,6 @@ end
 -- The lock is exclusive: deleting the hash removes the owner's field and any
 -- other that should not be there.
 redis.call('del', KEYS[1])
-if ARGV[6] ~= '' and granted(owner, ARGV[6]) then
-  redis.call('hdel', KEYS[5], owner)
-end
 free_lock(ARGV[3], tonumber(ARGV[4]))
 latch(0, latchTTL)
 return 0
