@@ -37,6 +37,13 @@ func TestMain(m *testing.M) {
 // stdout and stderr together.
 func runManager(t *testing.T, env []string, args ...string) string {
 	t.Helper()
+	out, _ := runManagerCode(t, env, args...)
+	return out
+}
+
+// runManagerCode is runManager that also returns the exit code.
+func runManagerCode(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
 	cmd := exec.Command(managerBin, args...)
 	// No KUBECONFIG or REDIS_* from the test's own environment.
 	cmd.Env = append([]string{"HOME=" + t.TempDir(), "KUBECONFIG=" + filepath.Join(t.TempDir(), "absent")}, env...)
@@ -54,7 +61,7 @@ func runManager(t *testing.T, env []string, args ...string) string {
 		<-done
 		t.Fatalf("manager %v did not exit:\n%s", args, out.String())
 	}
-	return out.String()
+	return out.String(), cmd.ProcessState.ExitCode()
 }
 
 // A Redis URL carrying a password reaches the pod log neither through a
