@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,9 +12,13 @@ import (
 	"time"
 )
 
-// managerBin is the manager binary TestMain builds, for tests that run it
-// as a pod would: its whole output is what lands in the pod log.
+// managerBin is the manager binary TestMain builds with `make manager`, as
+// the image gets it, for tests that run it as a pod would: its whole output
+// is what lands in the pod log.
 var managerBin string
+
+// testVersion is the VERSION TestMain passes to make.
+const testVersion = "v0.0.0-manager-test"
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "manager-test-")
@@ -22,9 +27,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	managerBin = filepath.Join(dir, "manager")
-	out, err := exec.Command("go", "build", "-o", managerBin, ".").CombinedOutput()
+	out, err := exec.Command("make", "-C", filepath.Join("..", ".."), "manager", "MANAGER_BIN="+managerBin, "VERSION="+testVersion).CombinedOutput()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "build the manager: %v\n%s", err, out)
+		fmt.Fprintf(os.Stderr, "make manager: %v\n%s", err, out)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
@@ -96,5 +101,30 @@ func TestRedisPasswordNeverPrinted(t *testing.T) {
 	out := runManager(t, []string{"REDIS_URL=redis://user:" + password + "@127.0.0.1:1/0"})
 	if !strings.Contains(out, "redis://127.0.0.1:1/0") {
 		t.Fatalf("the start-up log does not name the redacted target:\n%s", out)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, code := runManagerCode(t, nil, "--version")
+	if code != 0 || out != testVersion+"\n" {
+		t.Fatalf("manager --version: exit %d, output %q; want %q", code, out, testVersion+"\n")
+	}
+}
+
+// The manager binary is static: no ELF interpreter (the dynamic loader) and
+// no shared libraries, so it runs in a scratch or distroless image.
+func TestBinaryIsStatic(t *testing.T) {
+	f, err := elf.Open(managerBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Error("the manager binary has an interpreter (PT_INTERP): it is dynamically linked")
+		}
+	}
+	if libs, err := f.ImportedLibraries(); err != nil || len(libs) > 0 {
+		t.Errorf("the manager binary needs shared libraries %v (%v)", libs, err)
 	}
 }
