@@ -67,8 +67,9 @@ func main() {
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz probes.")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader among manager replicas with a Lease, so a standby can take over.")
 	// controller-runtime's defaults. Nobody renews the locks in Redis during
-	// a failover, so lease duration plus start-up must stay below the
-	// shortest DistributedLock leaseDuration (see the README).
+	// a failover, so lease duration, retry period and start-up together must
+	// stay below every DistributedLock's leaseDuration - renewInterval (see
+	// the README).
 	flag.DurationVar(&lease, "leader-elect-lease-duration", 15*time.Second, "How long a standby waits after the leader's last renewal of the Lease before it takes over.")
 	flag.DurationVar(&renew, "leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew the Lease before it gives up leading; below the lease duration.")
 	flag.DurationVar(&retry, "leader-elect-retry-period", 2*time.Second, "How often candidates try to take or renew the Lease; below the renew deadline / 1.2.")
