@@ -11,6 +11,9 @@ KUSTOMIZE_VERSION ?= v5.8.1
 export GOWORK = off
 GO ?= go
 GOTEST_FLAGS ?= -race -count=1 -timeout 40m
+# The version `manager --version` prints, stamped in by `make manager`.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+MANAGER_BIN ?= $(LOCALBIN)/manager
 SOAK_ACQUISITIONS ?= 1000000
 
 .DEFAULT_GOAL := help
@@ -62,9 +65,15 @@ bench: test-deps ## Print the benchmark tables: the library against redsync and 
 ##@ Build
 
 .PHONY: build
-build: generate ## Build the library and the manager binary into bin/.
+build: generate manager ## Build the library, and the static manager binary into bin/.
 	$(GO) build ./...
-	$(GO) build -o $(LOCALBIN)/manager ./cmd/manager
+
+# CGO_ENABLED=0: with cgo the net and os/user packages link libc
+# dynamically, and the binary would not run in a scratch or distroless
+# image, or on a libc other than the builder's.
+.PHONY: manager
+manager: ## Build only the static manager binary into MANAGER_BIN (default bin/manager), stamped with VERSION.
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(MANAGER_BIN) ./cmd/manager
 
 ##@ Dependencies
 

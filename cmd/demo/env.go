@@ -278,7 +278,6 @@ func (e *env) startManager(ctx context.Context, bin, kubeconfig string) error {
 	probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	args := []string{
 		"--kubeconfig", kubeconfig,
-		"--redis-url", "redis://" + e.redisAddr,
 		"--shared-key", "nightly=*",
 		"--metrics-bind-address", "0",
 		"--health-probe-bind-address", probe,
@@ -291,10 +290,11 @@ func (e *env) startManager(ctx context.Context, bin, kubeconfig string) error {
 	defer log.Close() // the child has its own descriptor
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = e.dir
-	cmd.Env = cleanEnviron("KUBECONFIG", "REDIS_")
+	redisURL := "REDIS_URL=redis://" + e.redisAddr
+	cmd.Env = append(cleanEnviron("KUBECONFIG", "REDIS_"), redisURL)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = childAttrs()
-	fmt.Fprintf(e.out, "\nStarting the controller:\n$ %s %s\n", e.rel(bin), shellJoin(args))
+	fmt.Fprintf(e.out, "\nStarting the controller:\n$ %s %s %s\n", redisURL, e.rel(bin), shellJoin(args))
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the manager: %w", err)
 	}

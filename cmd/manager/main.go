@@ -1,16 +1,21 @@
 // Command manager runs the DistributedLock controller.
 //
-// Redis is named by --redis-url (or $REDIS_URL), --redis-sentinel-addrs with
-// --redis-sentinel-master, or --redis-cluster-addrs. Credentials come from
-// $REDIS_USERNAME and $REDIS_PASSWORD, which a Secret supplies; they are
-// never flags and never logged.
+// Redis is named by $REDIS_URL, --redis-sentinel-addrs with
+// --redis-sentinel-master, or --redis-cluster-addrs. The URL and the
+// credentials come from the environment ($REDIS_URL, $REDIS_USERNAME, and
+// $REDIS_PASSWORD or $REDIS_PASSWORD_FILE), which a Secret supplies. They
+// are never flags, so no flag default or usage text can print them, and
+// they are never logged.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -29,20 +34,48 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
+// version is the manager's version, set at build time by the Makefile with
+// -ldflags "-X main.version=..."; a plain `go build` leaves "dev".
+var version = "dev"
+
+// gracefulShutdownTimeout bounds how long the manager waits for its
+// controller and runnables to stop after SIGTERM. config/manager's
+// terminationGracePeriodSeconds must exceed it, or the kubelet kills the
+// manager before it has released its leader-election Lease.
+const gracefulShutdownTimeout = 30 * time.Second
+
+// Environment variables naming Redis and its credentials, as
+// redislock.FromEnv reads them.
+const (
+	envRedisURL          = "REDIS_URL"
+	envRedisUsername     = "REDIS_USERNAME"
+	envRedisPassword     = "REDIS_PASSWORD"
+	envRedisPasswordFile = "REDIS_PASSWORD_FILE"
+)
+
 func main() {
 	var (
 		metricsAddr, probeAddr string
 		leaderElect            bool
+		lease, renew, retry    time.Duration
 		redisCfg               redisconn.Config
 		sentinels, cluster     string
+		showVersion            bool
 	)
+	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 turns it off.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz probes.")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader among manager replicas with a Lease, so a standby can take over.")
-	flag.StringVar(&redisCfg.URL, "redis-url", os.Getenv("REDIS_URL"), "Redis URL, redis://host:port/db or rediss:// for TLS. Default: $REDIS_URL.")
-	flag.StringVar(&sentinels, "redis-sentinel-addrs", "", "Comma-separated Sentinel addresses, instead of --redis-url.")
+	// controller-runtime's defaults. Nobody renews the locks in Redis during
+	// a failover, so lease duration, retry period and start-up together must
+	// stay below every DistributedLock's leaseDuration - renewInterval (see
+	// the README).
+	flag.DurationVar(&lease, "leader-elect-lease-duration", 15*time.Second, "How long a standby waits after the leader's last renewal of the Lease before it takes over.")
+	flag.DurationVar(&renew, "leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew the Lease before it gives up leading; below the lease duration.")
+	flag.DurationVar(&retry, "leader-elect-retry-period", 2*time.Second, "How often candidates try to take or renew the Lease; below the renew deadline / 1.2.")
+	flag.StringVar(&sentinels, "redis-sentinel-addrs", "", "Comma-separated Sentinel addresses, instead of $REDIS_URL.")
 	flag.StringVar(&redisCfg.SentinelMaster, "redis-sentinel-master", "", "The master name the Sentinels watch.")
-	flag.StringVar(&cluster, "redis-cluster-addrs", "", "Comma-separated Redis Cluster node addresses, instead of --redis-url.")
+	flag.StringVar(&cluster, "redis-cluster-addrs", "", "Comma-separated Redis Cluster node addresses, instead of $REDIS_URL.")
 	flag.BoolVar(&redisCfg.TLS, "redis-tls", false, "Use TLS with Sentinel or Cluster addresses (rediss:// implies it for a URL).")
 	flag.StringVar(&redisCfg.CAFile, "redis-ca-file", "", "PEM file of CAs to trust for Redis TLS, such as a mounted Secret's ca.crt.")
 	var keys controllers.KeyPolicy
@@ -50,13 +83,24 @@ func main() {
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if showVersion {
+		fmt.Println(version)
+		return
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	log := ctrl.Log.WithName("setup")
+	log.Info("lockwarden manager", "version", version)
 
+	if err := checkLeaderElection(lease, renew, retry); err != nil {
+		log.Error(err, "invalid leader-election flags")
+		os.Exit(2)
+	}
 	redisCfg.SentinelAddrs = redisconn.SplitList(sentinels)
 	redisCfg.ClusterAddrs = redisconn.SplitList(cluster)
-	redisCfg.Username = os.Getenv("REDIS_USERNAME")
-	redisCfg.Password = os.Getenv("REDIS_PASSWORD")
+	if err := redisFromEnv(&redisCfg, os.Getenv); err != nil {
+		log.Error(err, "cannot configure Redis")
+		os.Exit(1)
+	}
 	rdb, err := redisCfg.Client()
 	if err != nil {
 		log.Error(err, "cannot configure Redis")
@@ -75,6 +119,10 @@ func main() {
 		LeaderElection:                leaderElect,
 		LeaderElectionID:              "lockwarden-manager.lockwarden.dev",
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &lease,
+		RenewDeadline:                 &renew,
+		RetryPeriod:                   &retry,
+		GracefulShutdownTimeout:       new(gracefulShutdownTimeout),
 	})
 	if err != nil {
 		log.Error(err, "cannot create the manager")
@@ -106,6 +154,54 @@ func main() {
 		log.Error(err, "the manager stopped")
 		os.Exit(1)
 	}
+}
+
+// leaderElectionJitter is client-go's leaderelection.JitterFactor: a
+// candidate waits up to 1.2 retry periods between tries, and client-go
+// refuses a renew deadline that is not above that.
+const leaderElectionJitter = 1.2
+
+// checkLeaderElection applies client-go's rules for the election timings
+// before the manager starts, so a bad combination fails with the flag names
+// rather than deep in the election: the leader must give up (renew
+// deadline) before a standby may take over (lease duration), and must get
+// more than one jittered try (retry period) within the renew deadline.
+func checkLeaderElection(lease, renew, retry time.Duration) error {
+	switch {
+	case lease <= 0 || renew <= 0 || retry <= 0:
+		return errors.New("--leader-elect-lease-duration, --leader-elect-renew-deadline and --leader-elect-retry-period must be positive")
+	case renew >= lease:
+		return fmt.Errorf("--leader-elect-renew-deadline (%v) must be below --leader-elect-lease-duration (%v), so the leader stops leading before a standby may take over", renew, lease)
+	case time.Duration(leaderElectionJitter*float64(retry)) >= renew:
+		return fmt.Errorf("--leader-elect-retry-period (%v) times %v must be below --leader-elect-renew-deadline (%v), so the leader gets to retry a failed renewal", retry, leaderElectionJitter, renew)
+	}
+	return nil
+}
+
+// redisFromEnv completes cfg from the environment as redislock.FromEnv
+// does: the URL from REDIS_URL, the username from REDIS_USERNAME, and the
+// password from REDIS_PASSWORD or the file REDIS_PASSWORD_FILE names (a
+// mounted Secret key), not both. Errors never quote the URL.
+func redisFromEnv(cfg *redisconn.Config, getenv func(string) string) error {
+	cfg.URL = getenv(envRedisURL)
+	cfg.Username = getenv(envRedisUsername)
+	cfg.Password = getenv(envRedisPassword)
+	if cfg.URL != "" && !strings.HasPrefix(cfg.URL, "redis://") && !strings.HasPrefix(cfg.URL, "rediss://") {
+		return fmt.Errorf("%s must start with redis:// or rediss://", envRedisURL)
+	}
+	file := getenv(envRedisPasswordFile)
+	if file == "" {
+		return nil
+	}
+	if cfg.Password != "" {
+		return fmt.Errorf("set %s or %s, not both", envRedisPassword, envRedisPasswordFile)
+	}
+	password, err := redisconn.ReadPasswordFile(file)
+	if err != nil {
+		return fmt.Errorf("%s: %w", envRedisPasswordFile, err)
+	}
+	cfg.Password = password
+	return nil
 }
 
 // redisReachable fails readiness while Redis does not answer a PING.

@@ -136,6 +136,17 @@ func redactedURLError(err error) string {
 	return msg
 }
 
+// ReadPasswordFile returns the password in file, a mounted Secret key,
+// without the trailing newline an editor or `echo` leaves, which is never
+// part of a password. The error names the file but not its content.
+func ReadPasswordFile(file string) (string, error) {
+	secret, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("redis: read the password file: %w", err)
+	}
+	return strings.TrimRight(string(secret), "\r\n"), nil
+}
+
 // SplitList splits a comma-separated list of addresses, dropping blanks.
 func SplitList(s string) []string {
 	var out []string

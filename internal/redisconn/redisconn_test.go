@@ -2,6 +2,8 @@ package redisconn_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -63,5 +65,18 @@ func TestSplitList(t *testing.T) {
 	got := redisconn.SplitList(" a:1, b:2 ,,")
 	if len(got) != 2 || got[0] != "a:1" || got[1] != "b:2" {
 		t.Fatalf("SplitList = %q", got)
+	}
+}
+
+func TestReadPasswordFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(file, []byte("s3 cret\r\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := redisconn.ReadPasswordFile(file); err != nil || got != "s3 cret" {
+		t.Fatalf("ReadPasswordFile = %q, %v; want \"s3 cret\" (inner space kept, line end dropped)", got, err)
+	}
+	if _, err := redisconn.ReadPasswordFile(filepath.Join(t.TempDir(), "absent")); err == nil {
+		t.Fatal("no error for a missing file")
 	}
 }

@@ -172,10 +172,10 @@ func (m *manager) start(ctx context.Context) error {
 	defer log.Close()
 	cmd := exec.Command(m.bin,
 		"--kubeconfig", m.kubeconfig,
-		"--redis-url", m.redisURL,
 		"--metrics-bind-address", "0",
 		"--health-probe-bind-address", probe,
 	)
+	cmd.Env = append(os.Environ(), "REDIS_URL="+m.redisURL)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
