@@ -298,7 +298,9 @@ func TestGiveUpAfterAnUndoneTakeKeepsTheOwnersOtherLevel(t *testing.T) {
 	t.Logf("B's Lock: hold=%v err=%v", r.h != nil, r.err)
 	p.Heal()
 	if r.err == nil {
-		t.Skip("B got its hold before seeing ctx end; timing missed")
+		// B's reply came before it saw ctx end: it holds a level of its
+		// own, which it gives back; A's must remain either way.
+		mustUnlock(t, ctx, r.h)
 	}
 	time.Sleep(200 * time.Millisecond)
 
