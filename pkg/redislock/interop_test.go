@@ -51,14 +51,15 @@ var (
 
 // redissonFencedTryLock is Redisson's tryLock that also takes a fencing
 // token from the lock's counter on a new acquisition, as Redisson's
-// RFencedLock does. It returns {0, token} when acquired, else {pttl, 0}.
+// RFencedLock does. It returns {1, token} when acquired, else {0, pttl}: a
+// PTTL can be 0 in a lease's last millisecond, so it cannot mean "taken".
 var redissonFencedTryLock = redis.NewScript(`if ((redis.call('exists', KEYS[1]) == 0) ` +
 	`or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then ` +
 	`redis.call('hincrby', KEYS[1], ARGV[2], 1); ` +
 	`redis.call('pexpire', KEYS[1], ARGV[1]); ` +
-	`return {0, redis.call('incr', KEYS[2])}; ` +
+	`return {1, redis.call('incr', KEYS[2])}; ` +
 	`end; ` +
-	`return {redis.call('pttl', KEYS[1]), 0};`)
+	`return {0, redis.call('pttl', KEYS[1])};`)
 
 func (r *redissonLock) channel() string { return "redisson_lock__channel:{" + r.name + "}" }
 
@@ -78,10 +79,10 @@ func (r *redissonLock) fencedLock(ctx context.Context) (int64, time.Time, error)
 		if err != nil {
 			return 0, time.Time{}, err
 		}
-		if reply[0] == 0 {
+		if reply[0] == 1 {
 			return reply[1], sent, nil
 		}
-		waitCtx, cancel := context.WithTimeout(ctx, time.Duration(reply[0])*time.Millisecond)
+		waitCtx, cancel := context.WithTimeout(ctx, time.Duration(max(reply[1], 1))*time.Millisecond)
 		_, _ = sub.ReceiveMessage(waitCtx)
 		cancel()
 		if ctx.Err() != nil {
@@ -90,13 +91,14 @@ func (r *redissonLock) fencedLock(ctx context.Context) (int64, time.Time, error)
 	}
 }
 
-// tryLock returns 0 when acquired, else the lock's PTTL.
-func (r *redissonLock) tryLock(ctx context.Context) (time.Duration, error) {
+// tryLock reports whether it took the lock (Redisson's script answers nil),
+// and if not the lock's PTTL, which may be 0 in a lease's last millisecond.
+func (r *redissonLock) tryLock(ctx context.Context) (bool, time.Duration, error) {
 	ttl, err := redissonTryLock.Run(ctx, r.rdb, []string{r.name}, r.lease.Milliseconds(), r.owner).Int64()
 	if errors.Is(err, redis.Nil) {
-		return 0, nil
+		return true, 0, nil
 	}
-	return time.Duration(ttl) * time.Millisecond, err
+	return false, time.Duration(ttl) * time.Millisecond, err
 }
 
 func (r *redissonLock) lock(ctx context.Context) error {
@@ -111,11 +113,11 @@ func (r *redissonLock) lock(ctx context.Context) error {
 		return err
 	}
 	for {
-		ttl, err := r.tryLock(ctx)
-		if err != nil || ttl == 0 {
+		took, ttl, err := r.tryLock(ctx)
+		if err != nil || took {
 			return err
 		}
-		waitCtx, cancel := context.WithTimeout(ctx, ttl)
+		waitCtx, cancel := context.WithTimeout(ctx, max(ttl, time.Millisecond))
 		_, err = sub.ReceiveMessage(waitCtx)
 		cancel()
 		if ctx.Err() != nil {
@@ -146,8 +148,8 @@ func TestRedissonInterop(t *testing.T) {
 	t.Run("RedissonExcludesAndWakesUs", func(t *testing.T) {
 		name := lockName(t)
 		redisson := &redissonLock{rdb: srv.Client(t), name: name, owner: "7d3c0d2e-2f43-4a8e-9d0c-5b7e0b7e3c11:42", lease: 30 * time.Second}
-		if ttl, err := redisson.tryLock(ctx); err != nil || ttl != 0 {
-			t.Fatalf("Redisson tryLock = %v, %v", ttl, err)
+		if took, _, err := redisson.tryLock(ctx); err != nil || !took {
+			t.Fatalf("Redisson tryLock = %v, %v", took, err)
 		}
 		ours := newMutex(t, c, name, nil)
 		_, err := ours.TryLock(ctx, 0)
@@ -162,8 +164,8 @@ func TestRedissonInterop(t *testing.T) {
 		if held == nil {
 			return
 		}
-		if ttl, err := redisson.tryLock(ctx); err != nil || ttl <= 0 {
-			t.Fatalf("Redisson tryLock while we hold = %v, %v; want excluded with a TTL", ttl, err)
+		if took, ttl, err := redisson.tryLock(ctx); err != nil || took {
+			t.Fatalf("Redisson tryLock while we hold = %v (TTL %v), %v; want excluded", took, ttl, err)
 		}
 		mustUnlock(t, ctx, held)
 	})
@@ -210,9 +212,7 @@ func TestRedissonInterop(t *testing.T) {
 		waitDone(t, held.Done(), 10*time.Second, "the end of our short lease")
 		redisson := &redissonLock{rdb: srv.Client(t), name: name, owner: "7d3c0d2e-2f43-4a8e-9d0c-5b7e0b7e3c11:44", lease: 30 * time.Second}
 		waitFor(t, func() bool {
-			// A PTTL of 0 (under a millisecond left) also reads as 0: ask
-			// Redis who holds the lock.
-			if _, err := redisson.tryLock(ctx); err != nil {
+			if _, _, err := redisson.tryLock(ctx); err != nil {
 				t.Fatal(err)
 			}
 			info := inspect(t, c, name)
@@ -241,7 +241,7 @@ func TestRedissonShardedInterop(t *testing.T) {
 	redisson := &redissonLock{rdb: cl.Client(t), name: name, owner: "5b7e0b7e-sharded:1", lease: 30 * time.Second, sharded: true}
 
 	// Redisson holds; our waiter is woken by its SPUBLISH.
-	if ttl, err := redisson.tryLock(ctx); err != nil || ttl != 0 {
+	if took, ttl, err := redisson.tryLock(ctx); err != nil || !took {
 		t.Fatalf("Redisson tryLock = %v, %v", ttl, err)
 	}
 	got := lockInBackground(t, ctx, newMutex(t, c, name, nil))
