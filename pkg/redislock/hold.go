@@ -60,14 +60,14 @@ func (h *Hold) Err() error { return h.own.err() }
 // It returns ErrNotHeld if nobody holds the lock (its lease ran out) or if
 // this Hold was already unlocked, and ErrNotOwner if another owner, or a
 // newer ownership of the same owner, holds the lock; it changes nothing in
-// Redis in those cases. If Redis cannot be
-// reached it returns ErrUnavailable. An Unlock that is not the last keeps
-// its level then, under the watchdog: call Unlock again, and it resends the
-// same request, which Redis applies at most once, if called again within
-// the time Redis keeps the request's result (see Options.QueueTTL and
-// request.go; 49 s with go-redis's defaults); later, the level is given up
-// without a resend. The last Unlock ends the ownership whatever the outcome:
-// renewal stops, and if Redis still has the lock, its lease runs out.
+// Redis in those cases. If Redis cannot be reached it returns
+// ErrUnavailable. An Unlock that is not the last keeps its level then, under
+// the watchdog: call Unlock again, and it resends the same request, which
+// Redis applies at most once, if called again within the time Redis keeps
+// the request's result (see Options.QueueTTL and request.go; 49 s with
+// go-redis's defaults); later, the level is given up without a resend. The
+// last Unlock ends the ownership whatever the outcome: renewal stops, and if
+// Redis still has the lock, its lease runs out.
 func (h *Hold) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
