@@ -390,12 +390,7 @@ func TestWaiterWithoutSubscriptionPolls(t *testing.T) {
 	holder := mustLock(t, testContext(t), newMutex(t, holderClient, name, nil))
 
 	// context.Background: no bound but the library's own.
-	got := lockInBackground(t, ctx, newMutex(t, waiterClient, name, nil))
-	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
-	mustUnlock(t, ctx, holder)
-	if h := receiveHold(t, got, 10*time.Second, "the lock reaching a waiter without a confirmed subscription"); h != nil {
-		mustUnlock(t, ctx, h)
-	}
+	handOver(t, ctx, holderClient, holder, newMutex(t, waiterClient, name, nil), "the lock reaching a waiter without a confirmed subscription")
 }
 
 // Case 8: a waiter whose owner ID does not start with its client's ID still
@@ -410,10 +405,19 @@ func TestHandOverReachesAnOwnerOfAnotherPrefix(t *testing.T) {
 	name := lockName(t)
 	holder := mustLock(t, ctx, newMutex(t, holderClient, name, nil))
 
-	got := lockInBackground(t, ctx, newMutex(t, waiterClient, name, &redislock.MutexOptions{Owner: "pod-uid-of-someone-else:7"}))
-	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
+	waiter := newMutex(t, waiterClient, name, &redislock.MutexOptions{Owner: "pod-uid-of-someone-else:7"})
+	handOver(t, ctx, holderClient, holder, waiter, "the hand-over notice reaching a waiter whose owner has another prefix")
+}
+
+// handOver queues a Lock of waiter behind holder, unlocks holder, and fails
+// the test unless the lock reaches the waiter within 10 s, a bound only the
+// messages the test is about can meet; the waiter's hold is then unlocked.
+func handOver(t *testing.T, ctx context.Context, c *redislock.Client, holder *redislock.Hold, waiter *redislock.Mutex, what string) {
+	t.Helper()
+	got := lockInBackground(t, ctx, waiter)
+	waitFor(t, func() bool { return len(inspect(t, c, holder.Name()).Waiters) == 1 }, "the waiter to queue")
 	mustUnlock(t, ctx, holder)
-	if h := receiveHold(t, got, 10*time.Second, "the hand-over notice reaching a waiter whose owner has another prefix"); h != nil {
+	if h := receiveHold(t, got, 10*time.Second, what); h != nil {
 		mustUnlock(t, ctx, h)
 	}
 }

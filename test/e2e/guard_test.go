@@ -194,33 +194,32 @@ func TestJobRetryAfterFailure(t *testing.T) {
 // waits, and started again within the lease: the new manager adopts the
 // lock for the running pod, and the waiting one runs only after it.
 func TestManagerKilledMidRun(t *testing.T) {
-	ns := newLock(t, guarded)
-	createJob(t, ns, "long", jobSpec(guarded, 8*time.Second))
-	waitRunning(t, ns, guarded)
-	createJob(t, ns, "next", jobSpec(guarded, 2*time.Second))
-	eventually(t, 10*time.Second, "Job next's pod gated", func() (bool, error) {
-		n, err := gatedPods(ns, guarded)
-		return n == 1, err
+	disruptMidRun(t, func() {
+		mgr.kill()
+		time.Sleep(time.Second)
+		if err := mgr.start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	})
-	mgr.kill()
-	time.Sleep(time.Second)
-	if err := mgr.start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"long", "next"} {
-		eventually(t, 60*time.Second, "Job "+name+" complete", func() (bool, error) {
-			return jobCondition(ns, name, batchv1.JobComplete)
-		})
-	}
-	if runs := assertNoOverlap(t, ns, guarded); len(runs) != 2 {
-		t.Fatalf("%d runs, want 2", len(runs))
-	}
 }
 
 // Redis is killed and restarted empty while a guarded pod runs and another
 // waits: the grant is sticky, so the lock is taken again for the running
 // pod, never handed to the waiting one.
 func TestRedisRestartedMidRun(t *testing.T) {
+	disruptMidRun(t, func() {
+		redisSrv.Stop()
+		time.Sleep(time.Second)
+		if err := redisSrv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// disruptMidRun runs disrupt while one guarded Job's pod runs and another's
+// waits behind the gate, and checks that both complete, one after the other.
+func disruptMidRun(t *testing.T, disrupt func()) {
+	t.Helper()
 	ns := newLock(t, guarded)
 	createJob(t, ns, "long", jobSpec(guarded, 8*time.Second))
 	waitRunning(t, ns, guarded)
@@ -229,11 +228,7 @@ func TestRedisRestartedMidRun(t *testing.T) {
 		n, err := gatedPods(ns, guarded)
 		return n == 1, err
 	})
-	redisSrv.Stop()
-	time.Sleep(time.Second)
-	if err := redisSrv.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	disrupt()
 	for _, name := range []string{"long", "next"} {
 		eventually(t, 60*time.Second, "Job "+name+" complete", func() (bool, error) {
 			return jobCondition(ns, name, batchv1.JobComplete)
