@@ -106,23 +106,9 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 			confirmed: make(chan struct{}),
 			pending:   2,
 		}
-		if ws.sharded {
-			sub.conn = ws.listen(ws.c.rdb.(*redis.ClusterClient).SSubscribe(ctx))
-		} else {
-			if ws.shared == nil {
-				ws.shared = ws.listen(ws.c.rdb.Subscribe(ctx))
-			}
-			sub.conn = ws.shared
-		}
 		ws.subs[keys.name] = sub
 		ws.channels[sub.release], ws.channels[sub.notice] = sub, sub
-		var err error
-		if ws.sharded {
-			err = sub.conn.ps.SSubscribe(ctx, sub.release, sub.notice, sub.members)
-		} else {
-			err = sub.conn.ps.Subscribe(ctx, sub.release, sub.notice, sub.members)
-		}
-		if err != nil {
+		if err := ws.subscribeLocked(ctx, sub); err != nil {
 			ws.dropLocked(sub)
 			return nil, unavailable(err)
 		}
@@ -131,6 +117,29 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 		sub.add(w)
 	}
 	return sub.confirmed, nil
+}
+
+// subscribeLocked sends the subscription's SUBSCRIBE, or SSUBSCRIBE on a
+// connection of its own. A sharded connection is opened by the SSUBSCRIBE
+// itself, so it goes to the master of the lock's slot, and its receiving
+// goroutine starts only then: a receive before any channel is named would
+// open the connection on a random node, which answers MOVED and never
+// confirms.
+func (ws *waiting) subscribeLocked(ctx context.Context, sub *subscription) error {
+	if !ws.sharded {
+		if ws.shared == nil {
+			ws.shared = ws.listen(ws.c.rdb.Subscribe(ctx))
+		}
+		sub.conn = ws.shared
+		return sub.conn.ps.Subscribe(ctx, sub.release, sub.notice, sub.members)
+	}
+	ps := ws.c.rdb.(*redis.ClusterClient).SSubscribe(ctx)
+	if err := ps.SSubscribe(ctx, sub.release, sub.notice, sub.members); err != nil {
+		_ = ps.Close()
+		return err
+	}
+	sub.conn = ws.listen(ps)
+	return nil
 }
 
 // listen starts the receiving goroutine of a new connection.
@@ -147,12 +156,15 @@ func (ws *waiting) dropLocked(sub *subscription) {
 	delete(ws.subs, sub.lock)
 	delete(ws.channels, sub.release)
 	delete(ws.channels, sub.notice)
-	if ws.sharded {
+	switch {
+	case sub.conn == nil: // its SSUBSCRIBE failed
+		return
+	case ws.sharded:
 		sub.conn.closed = true
 		_ = sub.conn.ps.Close()
-		return
+	default:
+		_ = sub.conn.ps.Unsubscribe(context.Background(), sub.release, sub.notice, sub.members)
 	}
-	_ = sub.conn.ps.Unsubscribe(context.Background(), sub.release, sub.notice, sub.members)
 }
 
 // close ends every subscription and wakes every waiter, which then sees the
