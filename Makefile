@@ -14,6 +14,18 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 40m
 # The version `manager --version` prints, stamped in by `make manager`.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 MANAGER_BIN ?= $(LOCALBIN)/manager
+# The manager image: `make image` builds it here, `make docker-build` with
+# docker; deploy and build-installer point the Deployment at it.
+IMG ?= lockwarden/manager:$(VERSION)
+CONTAINER_TOOL ?= docker
+# Your kubectl and kubeconfig: install, deploy and their reverses act on the
+# cluster of its current context.
+KUBECTL ?= kubectl
+IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
+IMAGE_BIN ?= $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager
+IMAGE_OCI ?= dist/image
+IMAGE_TAR ?= dist/image.tar
+INSTALLER ?= dist/install.yaml
 SOAK_ACQUISITIONS ?= 1000000
 
 .DEFAULT_GOAL := help
@@ -74,6 +86,57 @@ build: generate manager ## Build the library, and the static manager binary into
 .PHONY: manager
 manager: ## Build only the static manager binary into MANAGER_BIN (default bin/manager), stamped with VERSION.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(MANAGER_BIN) ./cmd/manager
+
+# GOOS=linux: the image runs on Linux whatever the host. The builder
+# refuses a binary that is not static and linux.
+.PHONY: image
+image: ## Build the manager image IMG with no docker daemon and no network (no base image): an OCI layout in IMAGE_OCI (dist/image) and a tarball for `docker load` in IMAGE_TAR (dist/image.tar).
+	GOOS=linux GOARCH=$(IMAGE_ARCH) $(MAKE) --no-print-directory manager MANAGER_BIN=$(IMAGE_BIN) VERSION=$(VERSION)
+	mkdir -p $(dir $(IMAGE_OCI)) $(dir $(IMAGE_TAR))
+	cd hack/tools/image && $(GO) run . -binary $(abspath $(IMAGE_BIN)) -version $(VERSION) -tag $(IMG) -oci $(abspath $(IMAGE_OCI)) -tar $(abspath $(IMAGE_TAR))
+
+.PHONY: docker-build
+docker-build: ## Build the manager image IMG from the Dockerfile with docker (or CONTAINER_TOOL=podman).
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the manager image IMG with docker (or CONTAINER_TOOL=podman).
+	$(CONTAINER_TOOL) push $(IMG)
+
+##@ Deployment
+
+ignore-not-found ?= false
+
+# config/default with the manager's image set to IMG, as kubebuilder's
+# `kustomize edit set image` does, but on a copy of config/, so no tracked
+# file changes.
+define kustomize-default
+( tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && cp -R config "$$tmp/" && \
+  cd "$$tmp/config/manager" && $(KUSTOMIZE) edit set image controller=$(IMG) && \
+  $(KUSTOMIZE) build "$$tmp/config/default" )
+endef
+
+.PHONY: install
+install: manifests kustomize ## Install the DistributedLock CRD into the cluster of KUBECTL's current context.
+	$(KUSTOMIZE) build config/crd | $(KUBECTL) apply -f -
+
+.PHONY: uninstall
+uninstall: manifests kustomize ## Remove the CRD and every DistributedLock (a manager must be running to release them); ignore-not-found=true to ignore what is gone.
+	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
+
+.PHONY: deploy
+deploy: manifests kustomize ## Install the CRD, RBAC and the manager running IMG (config/default) into the cluster of KUBECTL's current context.
+	$(kustomize-default) | $(KUBECTL) apply -f -
+
+.PHONY: undeploy
+undeploy: kustomize ## Remove what deploy installed, the CRD and its DistributedLocks included; ignore-not-found=true to ignore what is gone.
+	$(KUSTOMIZE) build config/default | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
+
+.PHONY: build-installer
+build-installer: manifests generate kustomize ## Write what deploy installs, with the manager running IMG, as one file INSTALLER (dist/install.yaml) for `kubectl apply -f`.
+	mkdir -p $(dir $(INSTALLER))
+	$(kustomize-default) >$(INSTALLER).tmp
+	mv $(INSTALLER).tmp $(INSTALLER)
 
 ##@ Dependencies
 

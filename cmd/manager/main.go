@@ -27,6 +27,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/redis/go-redis/v9"
+	// Mozilla's roots, for Redis TLS when the image has no CA bundle (make
+	// image builds on an empty base); unused where the system has roots.
+	_ "golang.org/x/crypto/x509roots/fallback"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"

@@ -1,0 +1,15 @@
+// Separate module (not part of github.com/lockwarden/lockwarden): builds the
+// manager image for `make image`. go-containerregistry stays out of the main
+// module's go.mod, which users of pkg/redislock inherit.
+module github.com/lockwarden/lockwarden/hack/tools/image
+
+go 1.26.0
+
+require github.com/google/go-containerregistry v0.22.1
+
+require (
+	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+)
