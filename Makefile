@@ -56,9 +56,10 @@ fmt: ## Run gofmt on the code.
 	gofmt -l -w $$(git ls-files '*.go')
 
 .PHONY: vet
-vet: ## Run go vet on the main module and the benchmark module.
+vet: ## Run go vet on the main module, the benchmark module and the image builder.
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
+	cd hack/tools/image && $(GO) vet ./...
 
 .PHONY: test
 test: test-deps manifests generate vet ## Run every test, with the race detector, against real redis-server, envtest and the local control plane.

@@ -203,20 +203,32 @@ func (img *image) uidGID(t *testing.T) (uid, gid int) {
 	return uid, gid
 }
 
-// command runs the image's entrypoint with args as a container runtime
-// would: chrooted into the unpacked rootfs, in the image's working
-// directory, as the image's user, with the image's environment and env. A
-// user namespace maps that user to ours, so no root privilege is needed;
-// files we own are its own inside. Nothing of the host's file system is
-// visible, not even /proc, which a runtime would mount.
-func (img *image) command(t *testing.T, env []string, args ...string) *exec.Cmd {
+// command runs the image as a container runtime would, with a pod's command
+// and args (either may be empty): chrooted into the unpacked rootfs, in the
+// image's working directory, as the image's user, with the image's
+// environment and env. A user namespace maps that user to ours, so no root
+// privilege is needed; files we own are its own inside. Nothing of the
+// host's file system is visible, not even /proc, which a runtime would mount.
+func (img *image) command(t *testing.T, env, command, args []string) *exec.Cmd {
 	t.Helper()
 	uid, gid := img.uidGID(t)
-	entrypoint := img.config.Config.Entrypoint
-	if len(entrypoint) == 0 {
-		t.Fatal("the image has no entrypoint")
+	// Kubernetes' rules: a command replaces the entrypoint and the image's
+	// Cmd; args replace the Cmd.
+	argv := img.config.Config.Entrypoint
+	switch {
+	case len(command) > 0:
+		argv = slices.Concat(command, args)
+	case len(args) > 0:
+		argv = slices.Concat(argv, args)
+	default:
+		argv = slices.Concat(argv, img.config.Config.Cmd)
 	}
-	cmd := exec.Command(entrypoint[0], append(slices.Concat(entrypoint[1:], img.config.Config.Cmd), args...)...)
+	if len(argv) == 0 {
+		t.Fatal("nothing to run: the image has no entrypoint")
+	}
+	// An absolute path is not looked up on the host: the chroot makes it
+	// the image's.
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = img.config.Config.WorkingDir
 	cmd.Env = slices.Concat(img.config.Config.Env, env)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -233,7 +245,7 @@ func (img *image) command(t *testing.T, env []string, args ...string) *exec.Cmd 
 // output runs the entrypoint to its end and returns its output and exit code.
 func (img *image) output(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	cmd := img.command(t, nil, args...)
+	cmd := img.command(t, nil, nil, args)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -81,6 +82,9 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	if err := locksv1.AddToScheme(scheme); err != nil {
+		return fail(err)
+	}
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
 		return fail(err)
 	}
 	if k8s, err = client.New(pl.Config, client.Options{Scheme: scheme}); err != nil {

@@ -1,0 +1,470 @@
+package install
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/plane"
+)
+
+const crdName = "distributedlocks.locks.lockwarden.dev"
+
+// TestMakeInstallAndDeploy runs make install, uninstall, deploy and
+// undeploy against the plane, as a user would against a cluster.
+func TestMakeInstallAndDeploy(t *testing.T) {
+	ctx := t.Context()
+	mustMake(t, "install")
+	waitEstablished(t)
+	mustMake(t, "uninstall") // kubectl delete waits until the CRD is gone
+	if err := k8s.Get(ctx, client.ObjectKey{Name: crdName}, &apiextensionsv1.CustomResourceDefinition{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("after make uninstall the CRD is still there (%v)", err)
+	}
+
+	const deployed = "registry.example/lockwarden/manager:deploy-test"
+	mustMake(t, "deploy", "IMG="+deployed)
+	objects := decodeYAML(t, buildInstaller(t, deployed))
+	for _, obj := range objects {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopy()); err != nil {
+			t.Errorf("after make deploy: %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+	deploy := typed[appsv1.Deployment](t, objects, "Deployment")
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(&deploy), &deploy); err != nil {
+		t.Fatal(err)
+	}
+	if image := managerContainer(t, &deploy).Image; image != deployed {
+		t.Errorf("make deploy IMG=%s deployed the image %s", deployed, image)
+	}
+
+	// kwok keeps a deleted pod for its whole grace period (40s here), as a
+	// kubelet whose container ignores SIGTERM would; the manager's pods are
+	// stopped at once so that undeploy's wait is for the objects alone.
+	if err := k8s.Patch(ctx, &deploy, client.RawPatch(client.Merge.Type(), []byte(`{"spec":{"replicas":0}}`))); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "-n", deploy.Namespace, "delete", "pods", "--all", "--grace-period=0", "--force")
+	mustMake(t, "undeploy")
+	for _, obj := range objects {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopy()); !apierrors.IsNotFound(err) {
+			t.Errorf("after make undeploy: %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+}
+
+// TestInstallerRunsImage writes the installer with make build-installer,
+// applies it to the plane with server-side apply, checks that every object
+// was accepted and does its job, and then runs make image's image as the
+// installed Deployment's pod would run: its command and args, its
+// environment from the Redis Secret and the ConfigMap, its Secret volume,
+// and the API server reached through its ServiceAccount's token. The manager
+// must become ready and the leader, and grant a DistributedLock to a pod.
+func TestInstallerRunsImage(t *testing.T) {
+	ctx := t.Context()
+	installer := filepath.Join(t.TempDir(), "install.yaml")
+	data := buildInstaller(t, testImage)
+	if err := os.WriteFile(installer, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objects := decodeYAML(t, data)
+	kinds := map[string]bool{}
+	for _, obj := range objects {
+		kinds[obj.GetKind()] = true
+	}
+	for _, kind := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodDisruptionBudget"} {
+		if !kinds[kind] {
+			t.Errorf("the installer has no %s", kind)
+		}
+	}
+
+	kubectl(t, "apply", "--server-side", "--field-manager=install-test", "-f", installer)
+	for _, obj := range objects {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopy()); err != nil {
+			t.Errorf("%s %s was not created: %v", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+	waitEstablished(t)
+
+	// The Deployment runs its replicas on the fake nodes (its
+	// ServiceAccount exists, or admission would refuse its pods), and the
+	// PodDisruptionBudget covers them.
+	deploy := typed[appsv1.Deployment](t, objects, "Deployment")
+	if image := managerContainer(t, &deploy).Image; image != testImage {
+		t.Errorf("the installer's manager image is %s, want %s", image, testImage)
+	}
+	eventually(t, 60*time.Second, "the manager Deployment available", func() (bool, error) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(&deploy), &deploy)
+		return err == nil && deploy.Status.AvailableReplicas == *deploy.Spec.Replicas, err
+	})
+	pdb := typed[policyv1.PodDisruptionBudget](t, objects, "PodDisruptionBudget")
+	eventually(t, 30*time.Second, "the PodDisruptionBudget to count the manager pods", func() (bool, error) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(&pdb), &pdb)
+		return err == nil && pdb.Status.ExpectedPods == *deploy.Spec.Replicas && pdb.Status.DisruptionsAllowed >= 1, err
+	})
+
+	runAsDeployed(t, &deploy)
+}
+
+// runAsDeployed runs the image's manager as a pod of deploy, checks it leads
+// and works, and stops it as the kubelet would.
+func runAsDeployed(t *testing.T, deploy *appsv1.Deployment) {
+	ctx := t.Context()
+	ns, spec := deploy.Namespace, deploy.Spec.Template.Spec
+	container := managerContainer(t, deploy)
+
+	// The Secret the README has users create, for this plane's Redis.
+	if err := k8s.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lockwarden-redis"},
+		StringData: map[string]string{"url": "redis://" + redisSrv.Addr + "/0", "password": ""},
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// What the kubelet would give the container: its service account's
+	// token and the cluster CA where client-go's in-cluster configuration
+	// looks, its volumes and its environment.
+	token, err := clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, spec.ServiceAccountName, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{
+		"/var/run/secrets/kubernetes.io/serviceaccount/token":     []byte(token.Status.Token),
+		"/var/run/secrets/kubernetes.io/serviceaccount/ca.crt":    pl.Config.CAData,
+		"/var/run/secrets/kubernetes.io/serviceaccount/namespace": []byte(ns),
+	}
+	for _, m := range container.VolumeMounts {
+		for name, data := range volumeFiles(t, ns, spec.Volumes, m.Name) {
+			files[filepath.Join(m.MountPath, name)] = data
+		}
+	}
+	for name, data := range files {
+		target := filepath.Join(img.rootfs, name)
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(target, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(target) })
+	}
+	apiserver, err := url.Parse(pl.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(containerEnv(t, ns, container),
+		"KUBERNETES_SERVICE_HOST="+apiserver.Hostname(), "KUBERNETES_SERVICE_PORT="+apiserver.Port())
+
+	// The Deployment's ports are the pod's own; here the manager shares the
+	// host's network with other tests, so it listens on free loopback ports
+	// (the last of a repeated flag wins).
+	probes, metrics := freeAddr(t), freeAddr(t)
+	args := append(slices.Clone(container.Args), "--health-probe-bind-address="+probes, "--metrics-bind-address="+metrics)
+	cmd := img.command(t, env, container.Command, args)
+	var log syncBuffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the image's manager: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("manager log:\n%s", log.String())
+		}
+	}()
+
+	// Ready and alive by the Deployment's own probes, and leading.
+	for _, probe := range []*corev1.Probe{container.ReadinessProbe, container.LivenessProbe} {
+		u := "http://" + probes + probe.HTTPGet.Path
+		eventually(t, 30*time.Second, "GET "+u, func() (bool, error) {
+			resp, err := http.Get(u)
+			if err != nil {
+				return false, err
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK, fmt.Errorf("status %s", resp.Status)
+		})
+	}
+	lease := &coordinationv1.Lease{}
+	eventually(t, 30*time.Second, "the manager to take the leader-election Lease", func() (bool, error) {
+		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "lockwarden-manager.lockwarden.dev"}, lease)
+		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "", fmt.Errorf("lease %+v: %w", lease.Spec, err)
+	})
+
+	// It grants a lock to a pod: Redis, the API server and its RBAC all work.
+	appNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "image-run-"}}
+	if err := k8s.Create(ctx, appNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := plane.WaitForServiceAccount(ctx, clientset, appNS.Name); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: appNS.Name, Name: "app", Labels: map[string]string{"app": "image-run"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}},
+	}
+	if err := k8s.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	lock := &locksv1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Namespace: appNS.Name, Name: "leader"},
+		Spec:       locksv1.DistributedLockSpec{Candidates: locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "image-run"}}},
+	}
+	if err := k8s.Create(ctx, lock); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the lock granted to the pod", func() (bool, error) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(lock), lock)
+		return err == nil && lock.Status.Holder != nil && lock.Status.Holder.PodName == pod.Name, err
+	})
+	// Its finalizer releases the grant, so the lock goes.
+	if err := k8s.Delete(ctx, lock); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the lock deleted", func() (bool, error) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(lock), lock)
+		return apierrors.IsNotFound(err), err
+	})
+
+	// SIGTERM, as the kubelet stops a pod: the manager stops within the
+	// pod's grace period, releasing the Lease for a standby.
+	stopped = true
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	grace := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("the manager did not stop within the pod's %v grace period", grace)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("the manager exited %d on SIGTERM", code)
+	}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(lease), lease); err != nil || (lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "") {
+		t.Errorf("the Lease is still held after the manager stopped: %v %v", lease.Spec.HolderIdentity, err)
+	}
+}
+
+// containerEnv resolves the container's environment as the kubelet does, for
+// the sources config/manager uses; any other is an error, not skipped.
+func containerEnv(t *testing.T, ns string, c *corev1.Container) []string {
+	t.Helper()
+	var env []string
+	for _, from := range c.EnvFrom {
+		var data map[string]string
+		switch {
+		case from.ConfigMapRef != nil:
+			var cm corev1.ConfigMap
+			if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: from.ConfigMapRef.Name}, &cm); err != nil {
+				t.Fatal(err)
+			}
+			data = cm.Data
+		case from.SecretRef != nil:
+			data = secretData(t, ns, from.SecretRef.Name)
+		}
+		for k, v := range data {
+			env = append(env, from.Prefix+k+"="+v)
+		}
+	}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env = append(env, e.Name+"="+e.Value)
+		case e.ValueFrom.SecretKeyRef != nil:
+			ref := e.ValueFrom.SecretKeyRef
+			v, ok := secretData(t, ns, ref.Name)[ref.Key]
+			switch {
+			case ok:
+				env = append(env, e.Name+"="+v)
+			case ref.Optional == nil || !*ref.Optional:
+				t.Fatalf("env %s: the Secret %s has no key %s", e.Name, ref.Name, ref.Key)
+			}
+		default:
+			t.Fatalf("env %s: this test does not resolve %+v", e.Name, e.ValueFrom)
+		}
+	}
+	return env
+}
+
+// volumeFiles returns the files of the named volume, for the kinds
+// config/manager uses.
+func volumeFiles(t *testing.T, ns string, volumes []corev1.Volume, name string) map[string][]byte {
+	t.Helper()
+	i := slices.IndexFunc(volumes, func(v corev1.Volume) bool { return v.Name == name })
+	if i < 0 {
+		t.Fatalf("no volume %s", name)
+	}
+	secret := volumes[i].Secret
+	if secret == nil {
+		t.Fatalf("volume %s: this test mounts Secret volumes only: %+v", name, volumes[i].VolumeSource)
+	}
+	data := secretData(t, ns, secret.SecretName)
+	items := secret.Items
+	if len(items) == 0 { // every key, under its own name
+		for k := range data {
+			items = append(items, corev1.KeyToPath{Key: k, Path: k})
+		}
+	}
+	files := map[string][]byte{}
+	for _, item := range items {
+		d, ok := data[item.Key]
+		if !ok {
+			t.Fatalf("volume %s: the Secret %s has no key %s", name, secret.SecretName, item.Key)
+		}
+		files[item.Path] = []byte(d)
+	}
+	return files
+}
+
+func secretData(t *testing.T, ns, name string) map[string]string {
+	t.Helper()
+	var s corev1.Secret
+	if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
+		t.Fatal(err)
+	}
+	data := map[string]string{}
+	for k, v := range s.Data {
+		data[k] = string(v)
+	}
+	return data
+}
+
+// buildInstaller runs make build-installer with the image and returns the
+// installer.
+func buildInstaller(t *testing.T, image string) []byte {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "install.yaml")
+	mustMake(t, "build-installer", "IMG="+image, "INSTALLER="+file)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func managerContainer(t *testing.T, deploy *appsv1.Deployment) *corev1.Container {
+	t.Helper()
+	for i, c := range deploy.Spec.Template.Spec.Containers {
+		if c.Name == "manager" {
+			return &deploy.Spec.Template.Spec.Containers[i]
+		}
+	}
+	t.Fatalf("the Deployment %s has no manager container", deploy.Name)
+	return nil
+}
+
+func waitEstablished(t *testing.T) {
+	t.Helper()
+	eventually(t, 30*time.Second, "the CRD established", func() (bool, error) {
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := k8s.Get(t.Context(), client.ObjectKey{Name: crdName}, &crd); err != nil {
+			return false, err
+		}
+		for _, c := range crd.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, errors.New("not established")
+	})
+}
+
+// typed converts the only object of kind in objects, failing on fields the
+// type lacks.
+func typed[T any](t *testing.T, objects []*unstructured.Unstructured, kind string) T {
+	t.Helper()
+	var out T
+	var found []*unstructured.Unstructured
+	for _, obj := range objects {
+		if obj.GetKind() == kind {
+			found = append(found, obj)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d objects of kind %s, want 1", len(found), kind)
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(found[0].Object, &out, true); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func decodeYAML(t *testing.T, data []byte) []*unstructured.Unstructured {
+	t.Helper()
+	var objects []*unstructured.Unstructured
+	decoder := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		obj := &unstructured.Unstructured{}
+		if err := decoder.Decode(&obj.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return objects
+			}
+			t.Fatal(err)
+		}
+		if len(obj.Object) > 0 {
+			objects = append(objects, obj)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+}
+
+// syncBuffer is a bytes.Buffer the manager's stdout and stderr share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
