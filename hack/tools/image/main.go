@@ -6,7 +6,8 @@
 // image layout and a tarball that `docker load` reads.
 //
 // Every file and the config carry the Unix epoch as their time, so the
-// image's digest depends only on the binary, the version and the tag.
+// image's digest depends only on the binary and the version (the tag is
+// not part of the image): the same commit and VERSION give the same digest.
 package main
 
 import (
