@@ -136,6 +136,9 @@ func staticLinuxArch(path string) (string, error) {
 		}
 	}
 	arch, ok := goarch[f.Machine]
+	if f.Machine == elf.EM_PPC64 && f.Data == elf.ELFDATA2MSB {
+		arch = "ppc64" // big-endian; the map's entry is the little-endian kind
+	}
 	if !ok {
 		return "", fmt.Errorf("%s is built for %v, which this image builder does not know", path, f.Machine)
 	}
