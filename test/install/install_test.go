@@ -63,9 +63,10 @@ func TestMakeInstallAndDeploy(t *testing.T) {
 		t.Errorf("make deploy IMG=%s deployed the image %s", deployed, image)
 	}
 
-	// kwok keeps a deleted pod for its whole grace period (40s here), as a
-	// kubelet whose container ignores SIGTERM would; the manager's pods are
-	// stopped at once so that undeploy's wait is for the objects alone.
+	// kwok keeps a deleted pod for its whole grace period (the Deployment's
+	// 40s), as a kubelet whose container ignores SIGTERM would; the
+	// manager's pods are stopped at once so that undeploy's wait is for the
+	// objects alone.
 	if err := k8s.Patch(ctx, &deploy, client.RawPatch(client.Merge.Type(), []byte(`{"spec":{"replicas":0}}`))); err != nil {
 		t.Fatal(err)
 	}
