@@ -33,8 +33,8 @@ type scope struct {
 	// ever shown, released or written.
 	pods  []*corev1.Pod
 	byUID map[types.UID]*corev1.Pod
-	// candidates are the pods some lock selects, oldest first: the one
-	// waiting order every lock naming the key shares.
+	// candidates are the pods some lock in mode Grant selects, oldest
+	// first: the one waiting order every such lock naming the key shares.
 	candidates []*corev1.Pod
 
 	// info is Redis's view of the key; holders are its owners.
@@ -107,7 +107,7 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		}
 	}
 	for _, p := range s.pods {
-		if len(s.selectors(p)) > 0 {
+		if slices.ContainsFunc(s.selectors(p), grantsFor) {
 			s.candidates = append(s.candidates, p)
 		}
 	}
@@ -220,10 +220,11 @@ func (s *scope) granted(pod *corev1.Pod) bool {
 	return false
 }
 
-// guards reports whether a lock of the scope gates the pod.
+// guards reports whether a lock of the scope in mode Grant gates the pod:
+// only a grant lifts a gate.
 func (s *scope) guards(pod *corev1.Pod) bool {
 	for _, l := range s.locksIn(pod.Namespace) {
-		if hasGate(pod, locksv1.GateFor(l.Name)) {
+		if grantsFor(l) && hasGate(pod, locksv1.GateFor(l.Name)) {
 			return true
 		}
 	}
@@ -247,6 +248,10 @@ func (s *scope) holderPod() *corev1.Pod {
 	}
 	return s.holders[0].pod
 }
+
+// grantsFor reports whether the controller takes the lock for its candidates
+// (mode Grant), rather than leaving it to them (mode Observe).
+func grantsFor(lock *locksv1.DistributedLock) bool { return !lock.Spec.Observes() }
 
 func selects(lock *locksv1.DistributedLock, pod client.Object) bool {
 	selector, err := metav1.LabelSelectorAsSelector(lock.Spec.Candidates.LabelSelector())
