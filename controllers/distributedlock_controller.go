@@ -100,7 +100,12 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
 			meta.RemoveStatusCondition(&lock.Status.Conditions, c)
 		}
-		return ctrl.Result{}, r.patchStatus(ctx, before, lock)
+		if err := r.patchStatus(ctx, before, lock); err != nil {
+			return ctrl.Result{}, err
+		}
+		// The key is still settled: a grant made to this namespace's pods
+		// before the key was un-shared is kept until its pod stops, and
+		// this lock's pod events are what say it has.
 	}
 
 	s, err := r.loadScope(ctx, key)

@@ -18,7 +18,10 @@ import (
 // granteeOf is the pod the controller granted the key to that has not
 // stopped, if any: the one holding it in Redis, else the one this process
 // granted it to, else the oldest pod whose marks record a grant (after a
-// manager restart, or a lease lost with Redis's data).
+// manager restart, or a lease lost with Redis's data). A pod of a namespace
+// the key was un-shared from is found only in Redis: its marks were written
+// in a namespace whose tenant can forge them, and no longer names a key it
+// may use.
 func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 	var marked []*corev1.Pod
 	for _, p := range s.pods {

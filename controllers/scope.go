@@ -26,11 +26,17 @@ type scope struct {
 	// by namespace and name. Their statuses are computed in place.
 	locks  []*locksv1.DistributedLock
 	before map[types.NamespacedName]*locksv1.DistributedLock
+	// revoked are the live locks naming the key from namespaces that may
+	// not use it (any more: the administrator un-shared it). They take
+	// part in nothing, but their pods are loaded, so that a grant Redis
+	// shows to one of them is kept until the pod stops (see granteeOf).
+	revoked []*locksv1.DistributedLock
 	// client holds the key with the lease terms of the first lock.
 	client *redislock.Client
 
-	// pods are the pods of the locks' namespaces; nothing outside them is
-	// ever shown, released or written.
+	// pods are the pods of the locks' and the revoked locks' namespaces;
+	// nothing outside them is ever shown, released or written, and the
+	// revoked locks' pods are never shown or written.
 	pods  []*corev1.Pod
 	byUID map[types.UID]*corev1.Pod
 	// candidates are the pods some lock in mode Grant selects, oldest
@@ -85,12 +91,16 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	namespaces := map[string]bool{}
 	for i := range list.Items {
 		l := &list.Items[i]
-		if !l.DeletionTimestamp.IsZero() || !r.Keys.Permits(l.Namespace, key) {
+		if !l.DeletionTimestamp.IsZero() {
+			continue
+		}
+		namespaces[l.Namespace] = true
+		if !r.Keys.Permits(l.Namespace, key) {
+			s.revoked = append(s.revoked, l)
 			continue
 		}
 		s.locks = append(s.locks, l)
 		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
-		namespaces[l.Namespace] = true
 	}
 	slices.SortFunc(s.locks, func(a, b *locksv1.DistributedLock) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
