@@ -33,9 +33,6 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
-// redisRetry is how soon a lock is looked at again after Redis failed.
-const redisRetry = 2 * time.Second
-
 // DistributedLockReconciler grants each Redis key named by DistributedLocks
 // to one candidate pod at a time and holds it in Redis on the pod's behalf.
 type DistributedLockReconciler struct {
@@ -56,8 +53,9 @@ type DistributedLockReconciler struct {
 	// stopped closes when the manager stops, so nothing blocks on lost.
 	stopped <-chan struct{}
 
-	grants grants
-	keys   keyMutex
+	grants  grants
+	keys    keyMutex
+	backoff redisBackoff
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.dev,resources=distributedlocks,verbs=get;list;watch;patch
@@ -73,6 +71,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.Get(ctx, req.NamespacedName, lock); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forget(req.NamespacedName)
+			selectors.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -142,6 +141,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 			return ctrl.Result{}, fmt.Errorf("%s: %w", phase.name, err)
 		}
 	}
+	r.backoff.succeeded(s.key)
 	r.computeStatuses(s)
 	// A controller grant needs no polling: its loss arrives on the lost
 	// channel, and its pod's end as a pod event. Anyone else's hold ends by
@@ -169,7 +169,7 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
 			"Redis did not answer, or refused the lock's commands; the manager's log has the error")
 	}
-	return ctrl.Result{RequeueAfter: redisRetry}, nil
+	return ctrl.Result{RequeueAfter: r.backoff.failed(s.key)}, nil
 }
 
 // patchStatuses writes the status of every lock in the scope that changed.
@@ -217,7 +217,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *l
 				log.FromContext(ctx).Error(err, "cannot release the lock being deleted", "key", key)
 				setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
 					"Redis did not answer, so the lock cannot be released; it is retried. If Redis is gone for good, remove the finalizer by hand (see the README)")
-				return ctrl.Result{RequeueAfter: redisRetry}, r.patchStatus(ctx, before, lock)
+				return ctrl.Result{RequeueAfter: r.backoff.failed(key)}, r.patchStatus(ctx, before, lock)
 			}
 			return ctrl.Result{}, err
 		}

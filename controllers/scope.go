@@ -264,8 +264,8 @@ func (s *scope) holderPod() *corev1.Pod {
 func grantsFor(lock *locksv1.DistributedLock) bool { return !lock.Spec.Observes() }
 
 func selects(lock *locksv1.DistributedLock, pod client.Object) bool {
-	selector, err := metav1.LabelSelectorAsSelector(lock.Spec.Candidates.LabelSelector())
-	return err == nil && !selector.Empty() && selector.Matches(labels.Set(pod.GetLabels()))
+	selector := selectors.get(lock)
+	return selector != nil && selector.Matches(labels.Set(pod.GetLabels()))
 }
 
 func hasGate(pod *corev1.Pod, gate string) bool {

@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -47,7 +48,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&locksv1.DistributedLock{}).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksForPod)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksForPod), builder.WithPredicates(ignoreOwnMarks)).
 		WatchesRawSource(source.Channel(r.lost, &handler.EnqueueRequestForObject{})).
 		Named("distributedlock").
 		// Keys are independent; reconciles of one key are serialised.
@@ -63,8 +64,10 @@ func (r *DistributedLockReconciler) locksForPod(ctx context.Context, obj client.
 	if !ok {
 		return nil
 	}
+	// Read-only, so the cache's objects are used as they are rather than
+	// each lock of the namespace copied on every pod event.
 	var locks locksv1.DistributedLockList
-	if err := r.List(ctx, &locks, client.InNamespace(pod.Namespace)); err != nil {
+	if err := r.List(ctx, &locks, client.InNamespace(pod.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var requests []reconcile.Request
