@@ -187,6 +187,7 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 // naming its key.
 func (r *DistributedLockReconciler) remember(s *scope, pod *corev1.Pod, hold *handle) {
 	r.grants.put(s.key, &grant{podUID: pod.UID, pod: client.ObjectKeyFromObject(pod), hold: hold})
+	r.Locks.track(s.terms, hold)
 	key := s.key
 	context.AfterFunc(hold.Context(), func() {
 		if !released(hold) {

@@ -31,8 +31,9 @@ type scope struct {
 	// part in nothing, but their pods are loaded, so that a grant Redis
 	// shows to one of them is kept until the pod stops (see granteeOf).
 	revoked []*locksv1.DistributedLock
-	// client holds the key with the lease terms of the first lock.
+	// client holds the key with terms, the lease terms of the first lock.
 	client *redislock.Client
+	terms  leaseTerms
 
 	// pods are the pods of the locks' and the revoked locks' namespaces;
 	// nothing outside them is ever shown, released or written, and the
@@ -136,7 +137,7 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	if err != nil {
 		return nil, err
 	}
-	s.client = c
+	s.client, s.terms = c, terms
 	if err := s.readRedis(ctx); err != nil {
 		return nil, err
 	}
