@@ -251,10 +251,5 @@ func startManager(t *testing.T, env []string, args ...string) {
 // freeAddr is a loopback address with a port free at the time of asking.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
 }
