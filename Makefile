@@ -7,6 +7,8 @@ CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
 KUSTOMIZE_VERSION ?= v5.8.1
+HELM ?= $(LOCALBIN)/helm
+HELM_VERSION ?= v3.21.4
 
 export GOWORK = off
 GO ?= go
@@ -34,6 +36,9 @@ demo: test-deps ## Play the lockwarden story on a local control plane, Redis and
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests under config/ from kubebuilder markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/...;./controllers/..." output:crd:artifacts:config=config/crd/bases
+	@# The Helm chart installs the same generated CRD and manager role.
+	cp config/crd/bases/locks.lockwarden.dev_distributedlocks.yaml dist/chart/files/crds/
+	cp config/rbac/role.yaml dist/chart/files/rbac/manager-role.yaml
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods for the API types.
@@ -78,7 +83,7 @@ manager: ## Build only the static manager binary into MANAGER_BIN (default bin/m
 ##@ Dependencies
 
 .PHONY: test-deps
-test-deps: redis envtest plane kustomize ## Install everything the tests need.
+test-deps: redis envtest plane kustomize helm ## Install everything the tests need.
 
 .PHONY: redis
 redis: ## Install redis-server 7.x (Debian's package) if it is missing.
@@ -101,6 +106,17 @@ $(CONTROLLER_GEN): | $(LOCALBIN)
 kustomize: $(KUSTOMIZE) ## Build kustomize into bin/.
 $(KUSTOMIZE): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) $(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+##@ Helm chart
+
+.PHONY: helm
+helm: $(HELM) ## Build helm into bin/ (for the chart in dist/chart).
+$(HELM): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+.PHONY: helm-lint
+helm-lint: helm ## Lint the chart in dist/chart (make test also renders it and compares it with config/default).
+	$(HELM) lint dist/chart
 
 $(LOCALBIN):
 	mkdir -p $(LOCALBIN)

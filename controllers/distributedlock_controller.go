@@ -46,6 +46,9 @@ type DistributedLockReconciler struct {
 	Metrics   *Metrics
 	// Keys says which keys outside its own a namespace may use.
 	Keys KeyPolicy
+	// MaxConcurrentReconciles is how many keys are settled at once;
+	// 0 means DefaultMaxConcurrentReconciles.
+	MaxConcurrentReconciles int
 
 	// lost carries the locks whose lease the controller lost, or whose key
 	// Redis published a release of, so they are reconciled at once.

@@ -21,6 +21,11 @@ import (
 // so the locks sharing a key are found together.
 const keyIndex = ".lockwarden.key"
 
+// DefaultMaxConcurrentReconciles is how many keys the controller settles at
+// once unless told otherwise. Keys are independent, so a few workers keep a
+// slow Redis round trip or API write on one key from delaying the others.
+const DefaultMaxConcurrentReconciles = 4
+
 // SetupWithManager registers the controller: it watches DistributedLocks,
 // the pods they may concern, the leases it loses and the releases Redis
 // publishes.
@@ -46,13 +51,17 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
+	workers := r.MaxConcurrentReconciles
+	if workers == 0 {
+		workers = DefaultMaxConcurrentReconciles
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&locksv1.DistributedLock{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksForPod), builder.WithPredicates(ignoreOwnMarks)).
 		WatchesRawSource(source.Channel(r.lost, &handler.EnqueueRequestForObject{})).
 		Named("distributedlock").
 		// Keys are independent; reconciles of one key are serialised.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Complete(r)
 }
 

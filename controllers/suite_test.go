@@ -159,7 +159,7 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.redisAddr})
 	locks := controllers.NewLockClients(rdb, ctrl.Log, nil)
-	metrics, err := controllers.NewMetrics(h.metrics)
+	metrics, err := controllers.NewMetrics(h.metrics, controllers.MetricsOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
