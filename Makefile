@@ -7,6 +7,8 @@ CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
 KUSTOMIZE_VERSION ?= v5.8.1
+HELM ?= $(LOCALBIN)/helm
+HELM_VERSION ?= v3.21.4
 
 export GOWORK = off
 GO ?= go
@@ -26,6 +28,9 @@ IMAGE_BIN ?= $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager
 IMAGE_OCI ?= dist/image
 IMAGE_TAR ?= dist/image.tar
 INSTALLER ?= dist/install.yaml
+# What deploy, undeploy and build-installer apply: config/default, or
+# config/trial-redis to try lockwarden out with a Redis of its own.
+DEPLOY_CONFIG ?= config/default
 SOAK_ACQUISITIONS ?= 1000000
 
 .DEFAULT_GOAL := help
@@ -46,6 +51,9 @@ demo: test-deps ## Play the lockwarden story on a local control plane, Redis and
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests under config/ from kubebuilder markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/...;./controllers/..." output:crd:artifacts:config=config/crd/bases
+	@# The Helm chart installs the same generated CRD and manager role.
+	cp config/crd/bases/locks.lockwarden.dev_distributedlocks.yaml dist/chart/files/crds/
+	cp config/rbac/role.yaml dist/chart/files/rbac/manager-role.yaml
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods for the API types.
@@ -108,13 +116,13 @@ docker-push: ## Push the manager image IMG with docker (or CONTAINER_TOOL=podman
 
 ignore-not-found ?= false
 
-# config/default with the manager's image set to IMG, as kubebuilder's
+# DEPLOY_CONFIG with the manager's image set to IMG, as kubebuilder's
 # `kustomize edit set image` does, but on a copy of config/, so no tracked
 # file changes.
-define kustomize-default
+define kustomize-deploy
 ( tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && cp -R config "$$tmp/" && \
   cd "$$tmp/config/manager" && $(KUSTOMIZE) edit set image controller=$(IMG) && \
-  $(KUSTOMIZE) build "$$tmp/config/default" )
+  $(KUSTOMIZE) build "$$tmp/$(DEPLOY_CONFIG)" )
 endef
 
 .PHONY: install
@@ -126,23 +134,23 @@ uninstall: manifests kustomize ## Remove the CRD and every DistributedLock (a ma
 	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
 
 .PHONY: deploy
-deploy: manifests kustomize ## Install the CRD, RBAC and the manager running IMG (config/default) into the cluster of KUBECTL's current context.
-	$(kustomize-default) | $(KUBECTL) apply -f -
+deploy: manifests kustomize ## Install the CRD, RBAC and the manager running IMG (DEPLOY_CONFIG, default config/default; config/trial-redis adds a Redis to try it with) into the cluster of KUBECTL's current context.
+	$(kustomize-deploy) | $(KUBECTL) apply -f -
 
 .PHONY: undeploy
 undeploy: kustomize ## Remove what deploy installed, the CRD and its DistributedLocks included; ignore-not-found=true to ignore what is gone.
-	$(KUSTOMIZE) build config/default | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
+	$(KUSTOMIZE) build $(DEPLOY_CONFIG) | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
 
 .PHONY: build-installer
 build-installer: manifests generate kustomize ## Write what deploy installs, with the manager running IMG, as one file INSTALLER (dist/install.yaml) for `kubectl apply -f`.
 	mkdir -p $(dir $(INSTALLER))
-	$(kustomize-default) >$(INSTALLER).tmp
+	$(kustomize-deploy) >$(INSTALLER).tmp
 	mv $(INSTALLER).tmp $(INSTALLER)
 
 ##@ Dependencies
 
 .PHONY: test-deps
-test-deps: redis envtest plane kustomize ## Install everything the tests need.
+test-deps: redis envtest plane kustomize helm ## Install everything the tests need.
 
 .PHONY: redis
 redis: ## Install redis-server 7.x (Debian's package) if it is missing.
@@ -165,6 +173,17 @@ $(CONTROLLER_GEN): | $(LOCALBIN)
 kustomize: $(KUSTOMIZE) ## Build kustomize into bin/.
 $(KUSTOMIZE): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) $(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+##@ Helm chart
+
+.PHONY: helm
+helm: $(HELM) ## Build helm into bin/ (for the chart in dist/chart).
+$(HELM): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+.PHONY: helm-lint
+helm-lint: helm ## Lint the chart in dist/chart (make test also renders it and compares it with config/default).
+	$(HELM) lint dist/chart
 
 $(LOCALBIN):
 	mkdir -p $(LOCALBIN)

@@ -33,9 +33,6 @@ import (
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
-// redisRetry is how soon a lock is looked at again after Redis failed.
-const redisRetry = 2 * time.Second
-
 // DistributedLockReconciler grants each Redis key named by DistributedLocks
 // to one candidate pod at a time and holds it in Redis on the pod's behalf.
 type DistributedLockReconciler struct {
@@ -49,6 +46,9 @@ type DistributedLockReconciler struct {
 	Metrics   *Metrics
 	// Keys says which keys outside its own a namespace may use.
 	Keys KeyPolicy
+	// MaxConcurrentReconciles is how many keys are settled at once;
+	// 0 means DefaultMaxConcurrentReconciles.
+	MaxConcurrentReconciles int
 
 	// lost carries the locks whose lease the controller lost, or whose key
 	// Redis published a release of, so they are reconciled at once.
@@ -56,8 +56,9 @@ type DistributedLockReconciler struct {
 	// stopped closes when the manager stops, so nothing blocks on lost.
 	stopped <-chan struct{}
 
-	grants grants
-	keys   keyMutex
+	grants  grants
+	keys    keyMutex
+	backoff redisBackoff
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.dev,resources=distributedlocks,verbs=get;list;watch;patch
@@ -73,6 +74,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.Get(ctx, req.NamespacedName, lock); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forget(req.NamespacedName)
+			selectors.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -100,7 +102,12 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
 			meta.RemoveStatusCondition(&lock.Status.Conditions, c)
 		}
-		return ctrl.Result{}, r.patchStatus(ctx, before, lock)
+		if err := r.patchStatus(ctx, before, lock); err != nil {
+			return ctrl.Result{}, err
+		}
+		// The key is still settled: a grant made to this namespace's pods
+		// before the key was un-shared is kept until its pod stops, and
+		// this lock's pod events are what say it has.
 	}
 
 	s, err := r.loadScope(ctx, key)
@@ -137,6 +144,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 			return ctrl.Result{}, fmt.Errorf("%s: %w", phase.name, err)
 		}
 	}
+	r.backoff.succeeded(s.key)
 	r.computeStatuses(s)
 	// A controller grant needs no polling: its loss arrives on the lost
 	// channel, and its pod's end as a pod event. Anyone else's hold ends by
@@ -164,7 +172,7 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
 			"Redis did not answer, or refused the lock's commands; the manager's log has the error")
 	}
-	return ctrl.Result{RequeueAfter: redisRetry}, nil
+	return ctrl.Result{RequeueAfter: r.backoff.failed(s.key)}, nil
 }
 
 // patchStatuses writes the status of every lock in the scope that changed.
@@ -212,7 +220,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *l
 				log.FromContext(ctx).Error(err, "cannot release the lock being deleted", "key", key)
 				setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
 					"Redis did not answer, so the lock cannot be released; it is retried. If Redis is gone for good, remove the finalizer by hand (see the README)")
-				return ctrl.Result{RequeueAfter: redisRetry}, r.patchStatus(ctx, before, lock)
+				return ctrl.Result{RequeueAfter: r.backoff.failed(key)}, r.patchStatus(ctx, before, lock)
 			}
 			return ctrl.Result{}, err
 		}

@@ -286,6 +286,7 @@ func TestBadSpecsRefusedAtAdmission(t *testing.T) {
 			l.Spec.Candidates = locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "Near", Values: []locksv1.LabelValue{"x"}}}}
 		}, "Unsupported value: \"Near\""},
 		{"empty selector", func(l *locksv1.DistributedLock) { l.Spec.Candidates = locksv1.PodSelector{} }, "must select pods"},
+		{"unknown mode", func(l *locksv1.DistributedLock) { l.Spec.Mode = "Steal" }, "Unsupported value: \"Steal\""},
 		{"key with a hash tag", func(l *locksv1.DistributedLock) { l.Spec.Key = "a{b}" }, "must not contain '{', '}'"},
 		{"name too long for a label", func(l *locksv1.DistributedLock) { l.Name = strings.Repeat("n", 64) }, "at most 63 characters"},
 	}
@@ -312,6 +313,19 @@ func TestBadSpecsRefusedAtAdmission(t *testing.T) {
 		err = k8s.Update(context.Background(), lock)
 		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "cannot be added or removed") {
 			t.Fatalf("update removing the key: %v; want Invalid", err)
+		}
+	})
+
+	t.Run("changed mode", func(t *testing.T) {
+		lock := createLock(t, ns, "moded", "web")
+		lock = getLock(t, lock)
+		if lock.Spec.Mode != locksv1.ModeGrant {
+			t.Fatalf("default mode = %q, want Grant", lock.Spec.Mode)
+		}
+		lock.Spec.Mode = locksv1.ModeObserve
+		err := k8s.Update(context.Background(), lock)
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.mode is immutable") {
+			t.Fatalf("update: %v; want Invalid, spec.mode is immutable", err)
 		}
 	})
 

@@ -66,9 +66,13 @@ func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod 
 	if stopped(pod) || !pod.DeletionTimestamp.IsZero() {
 		return false, nil
 	}
+	// A gate of a lock in mode Observe is never lifted, so a pod behind
+	// one is never granted anything: it could not start.
 	ours := map[string]bool{}
 	for _, l := range s.locksIn(pod.Namespace) {
-		ours[locksv1.GateFor(l.Name)] = true
+		if grantsFor(l) {
+			ours[locksv1.GateFor(l.Name)] = true
+		}
 	}
 	var others []string
 	for _, g := range pod.Spec.SchedulingGates {

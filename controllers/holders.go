@@ -18,7 +18,10 @@ import (
 // granteeOf is the pod the controller granted the key to that has not
 // stopped, if any: the one holding it in Redis, else the one this process
 // granted it to, else the oldest pod whose marks record a grant (after a
-// manager restart, or a lease lost with Redis's data).
+// manager restart, or a lease lost with Redis's data). A pod of a namespace
+// the key was un-shared from is found only in Redis: its marks were written
+// in a namespace whose tenant can forge them, and no longer names a key it
+// may use.
 func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 	var marked []*corev1.Pod
 	for _, p := range s.pods {
@@ -184,6 +187,7 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 // naming its key.
 func (r *DistributedLockReconciler) remember(s *scope, pod *corev1.Pod, hold *handle) {
 	r.grants.put(s.key, &grant{podUID: pod.UID, pod: client.ObjectKeyFromObject(pod), hold: hold})
+	r.Locks.track(s.terms, hold)
 	key := s.key
 	context.AfterFunc(hold.Context(), func() {
 		if !released(hold) {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -81,4 +83,44 @@ func conditionText(lock *locksv1.DistributedLock) []string {
 		out = append(out, c.Type+" "+c.Reason+": "+c.Message)
 	}
 	return out
+}
+
+// Un-sharing a key while a pod of the namespace holds a grant of it: the
+// administrator restarts the manager without the namespace in --shared-key.
+// The grant stays sticky until its pod stops, as every grant does: the
+// namespace is granted nothing new, but a pod already ungated keeps the key,
+// and nobody else is ungated while it runs.
+func TestUnsharingAKeyKeepsARunningGrant(t *testing.T) {
+	nsA, nsB := newNamespace(t), newNamespace(t)
+	key := "shared-" + nsA
+	first := startManager(t, sharing(key, nsA, nsB))
+	pb := createPod(t, nsB, "pb", "y", gatedBy("b"))
+	b := createLock(t, nsB, "b", "y", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	eventually(t, "pb to be granted and ungated", func() bool {
+		return holds(t, key, pb) && !gatedWith(getPod(t, pb), gateFor("b"))
+	})
+	setPhase(t, getPod(t, pb), corev1.PodRunning)
+	first.stop()
+
+	startManager(t, sharing(key, nsA))
+	pa := createPod(t, nsA, "pa", "x", gatedBy("a"))
+	createLock(t, nsA, "a", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	eventually(t, "lock b to be refused its key", func() bool {
+		c := meta.FindStatusCondition(getLock(t, b).Status.Conditions, locksv1.ConditionReady)
+		return c != nil && c.Reason == "KeyNotPermitted"
+	})
+	time.Sleep(4 * time.Second) // past the 3 s lease the old manager renewed
+	if !gatedWith(getPod(t, pa), gateFor("a")) {
+		t.Fatal("pa was ungated while pb, granted the key before it was un-shared, still runs")
+	}
+	if !holds(t, key, pb) {
+		t.Fatalf("pb's grant lapsed while pb runs: %+v", inspect(t, key))
+	}
+
+	// pb ends: its grant is released, and pa, in a namespace that may use
+	// the key, is granted it.
+	setPhase(t, getPod(t, pb), corev1.PodSucceeded)
+	eventually(t, "pa to be granted the key", func() bool {
+		return holds(t, key, pa) && !gatedWith(getPod(t, pa), gateFor("a"))
+	})
 }

@@ -28,7 +28,7 @@ func TestInstallManifests(t *testing.T) {
 	for _, obj := range objects {
 		byKind[obj.GetKind()] = append(byKind[obj.GetKind()], obj)
 	}
-	for _, kind := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"} {
+	for _, kind := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service"} {
 		if len(byKind[kind]) == 0 {
 			t.Fatalf("config/default has no %s", kind)
 		}
@@ -54,19 +54,23 @@ func TestInstallManifests(t *testing.T) {
 		}
 	}
 
-	var role rbacv1.ClusterRole
-	fromUnstructured(t, byKind["ClusterRole"][0], &role)
-	for _, rule := range role.Rules {
-		for _, field := range [][]string{rule.Verbs, rule.Resources, rule.APIGroups} {
-			if slices.Contains(field, "*") {
-				t.Errorf("ClusterRole rule %+v uses a wildcard", rule)
+	// No role config/default installs, the manager's or the users', may
+	// use a wildcard, create or delete pods, or read Secrets.
+	for _, obj := range byKind["ClusterRole"] {
+		var role rbacv1.ClusterRole
+		fromUnstructured(t, obj, &role)
+		for _, rule := range role.Rules {
+			for _, field := range [][]string{rule.Verbs, rule.Resources, rule.APIGroups} {
+				if slices.Contains(field, "*") {
+					t.Errorf("ClusterRole %s rule %+v uses a wildcard", role.Name, rule)
+				}
 			}
-		}
-		if slices.Contains(rule.Resources, "pods") && (slices.Contains(rule.Verbs, "delete") || slices.Contains(rule.Verbs, "create")) {
-			t.Errorf("the manager may create or delete pods: %+v", rule)
-		}
-		if slices.Contains(rule.Resources, "secrets") {
-			t.Errorf("the manager may read Secrets: %+v", rule)
+			if slices.Contains(rule.Resources, "pods") && (slices.Contains(rule.Verbs, "delete") || slices.Contains(rule.Verbs, "create")) {
+				t.Errorf("ClusterRole %s may create or delete pods: %+v", role.Name, rule)
+			}
+			if slices.Contains(rule.Resources, "secrets") {
+				t.Errorf("ClusterRole %s may read Secrets: %+v", role.Name, rule)
+			}
 		}
 	}
 

@@ -1,9 +1,12 @@
 package controllers_test
 
 import (
+	"context"
 	"strings"
+	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
@@ -64,4 +67,22 @@ func gated(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// The manager caches every pod of the cluster, so it keeps only the fields
+// the controller reads: no container specs, no managedFields.
+func TestCacheKeepsPodsStripped(t *testing.T) {
+	h := startManager(t)
+	ns := newNamespace(t)
+	pod := createPod(t, ns, "big", "web", gatedBy("l"))
+	cached := &corev1.Pod{}
+	eventually(t, "the pod to be cached", func() bool {
+		return h.cache.Get(context.Background(), client.ObjectKeyFromObject(pod), cached) == nil
+	})
+	if len(cached.Spec.Containers) != 0 || len(cached.ManagedFields) != 0 {
+		t.Fatalf("the cached pod keeps %d containers and %d managedFields entries, want none", len(cached.Spec.Containers), len(cached.ManagedFields))
+	}
+	if cached.Labels["app"] != "web" || !gatedWith(cached, gateFor("l")) || cached.UID != pod.UID {
+		t.Fatalf("the cached pod lost what the controller reads: %+v", cached.ObjectMeta)
+	}
 }

@@ -26,15 +26,22 @@ type scope struct {
 	// by namespace and name. Their statuses are computed in place.
 	locks  []*locksv1.DistributedLock
 	before map[types.NamespacedName]*locksv1.DistributedLock
-	// client holds the key with the lease terms of the first lock.
+	// revoked are the live locks naming the key from namespaces that may
+	// not use it (any more: the administrator un-shared it). They take
+	// part in nothing, but their pods are loaded, so that a grant Redis
+	// shows to one of them is kept until the pod stops (see granteeOf).
+	revoked []*locksv1.DistributedLock
+	// client holds the key with terms, the lease terms of the first lock.
 	client *redislock.Client
+	terms  leaseTerms
 
-	// pods are the pods of the locks' namespaces; nothing outside them is
-	// ever shown, released or written.
+	// pods are the pods of the locks' and the revoked locks' namespaces;
+	// nothing outside them is ever shown, released or written, and the
+	// revoked locks' pods are never shown or written.
 	pods  []*corev1.Pod
 	byUID map[types.UID]*corev1.Pod
-	// candidates are the pods some lock selects, oldest first: the one
-	// waiting order every lock naming the key shares.
+	// candidates are the pods some lock in mode Grant selects, oldest
+	// first: the one waiting order every such lock naming the key shares.
 	candidates []*corev1.Pod
 
 	// info is Redis's view of the key; holders are its owners.
@@ -85,12 +92,16 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	namespaces := map[string]bool{}
 	for i := range list.Items {
 		l := &list.Items[i]
-		if !l.DeletionTimestamp.IsZero() || !r.Keys.Permits(l.Namespace, key) {
+		if !l.DeletionTimestamp.IsZero() {
+			continue
+		}
+		namespaces[l.Namespace] = true
+		if !r.Keys.Permits(l.Namespace, key) {
+			s.revoked = append(s.revoked, l)
 			continue
 		}
 		s.locks = append(s.locks, l)
 		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
-		namespaces[l.Namespace] = true
 	}
 	slices.SortFunc(s.locks, func(a, b *locksv1.DistributedLock) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
@@ -107,7 +118,7 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		}
 	}
 	for _, p := range s.pods {
-		if len(s.selectors(p)) > 0 {
+		if slices.ContainsFunc(s.selectors(p), grantsFor) {
 			s.candidates = append(s.candidates, p)
 		}
 	}
@@ -126,7 +137,7 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	if err != nil {
 		return nil, err
 	}
-	s.client = c
+	s.client, s.terms = c, terms
 	if err := s.readRedis(ctx); err != nil {
 		return nil, err
 	}
@@ -220,10 +231,11 @@ func (s *scope) granted(pod *corev1.Pod) bool {
 	return false
 }
 
-// guards reports whether a lock of the scope gates the pod.
+// guards reports whether a lock of the scope in mode Grant gates the pod:
+// only a grant lifts a gate.
 func (s *scope) guards(pod *corev1.Pod) bool {
 	for _, l := range s.locksIn(pod.Namespace) {
-		if hasGate(pod, locksv1.GateFor(l.Name)) {
+		if grantsFor(l) && hasGate(pod, locksv1.GateFor(l.Name)) {
 			return true
 		}
 	}
@@ -248,9 +260,13 @@ func (s *scope) holderPod() *corev1.Pod {
 	return s.holders[0].pod
 }
 
+// grantsFor reports whether the controller takes the lock for its candidates
+// (mode Grant), rather than leaving it to them (mode Observe).
+func grantsFor(lock *locksv1.DistributedLock) bool { return !lock.Spec.Observes() }
+
 func selects(lock *locksv1.DistributedLock, pod client.Object) bool {
-	selector, err := metav1.LabelSelectorAsSelector(lock.Spec.Candidates.LabelSelector())
-	return err == nil && !selector.Empty() && selector.Matches(labels.Set(pod.GetLabels()))
+	selector := selectors.get(lock)
+	return selector != nil && selector.Matches(labels.Set(pod.GetLabels()))
 }
 
 func hasGate(pod *corev1.Pod, gate string) bool {

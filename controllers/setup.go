@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -19,6 +20,11 @@ import (
 // keyIndex indexes DistributedLocks by the key they name, after defaulting,
 // so the locks sharing a key are found together.
 const keyIndex = ".lockwarden.key"
+
+// DefaultMaxConcurrentReconciles is how many keys the controller settles at
+// once unless told otherwise. Keys are independent, so a few workers keep a
+// slow Redis round trip or API write on one key from delaying the others.
+const DefaultMaxConcurrentReconciles = 4
 
 // SetupWithManager registers the controller: it watches DistributedLocks,
 // the pods they may concern, the leases it loses and the releases Redis
@@ -45,13 +51,17 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
+	workers := r.MaxConcurrentReconciles
+	if workers == 0 {
+		workers = DefaultMaxConcurrentReconciles
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&locksv1.DistributedLock{}).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksForPod)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksForPod), builder.WithPredicates(ignoreOwnMarks)).
 		WatchesRawSource(source.Channel(r.lost, &handler.EnqueueRequestForObject{})).
 		Named("distributedlock").
 		// Keys are independent; reconciles of one key are serialised.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Complete(r)
 }
 
@@ -63,8 +73,10 @@ func (r *DistributedLockReconciler) locksForPod(ctx context.Context, obj client.
 	if !ok {
 		return nil
 	}
+	// Read-only, so the cache's objects are used as they are rather than
+	// each lock of the namespace copied on every pod event.
 	var locks locksv1.DistributedLockList
-	if err := r.List(ctx, &locks, client.InNamespace(pod.Namespace)); err != nil {
+	if err := r.List(ctx, &locks, client.InNamespace(pod.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var requests []reconcile.Request

@@ -2,10 +2,13 @@ package controllers
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -15,7 +18,7 @@ import (
 // unnamed.
 func (r *DistributedLockReconciler) computeStatuses(s *scope) {
 	holderPod := s.holderPod()
-	waiting := r.waiting(s)
+	waiting, queued := r.waiting(s), s.queued()
 	for _, l := range s.locks {
 		st := &l.Status
 		st.Key = s.key
@@ -48,7 +51,11 @@ func (r *DistributedLockReconciler) computeStatuses(s *scope) {
 			setCondition(l, locksv1.ConditionConflict, metav1.ConditionFalse, "NoConflict", "The holder in Redis is the pod granted the lock, or nobody")
 		}
 		st.Waiting = nil
-		for _, p := range waiting {
+		lockWaiting := waiting
+		if !grantsFor(l) {
+			lockWaiting = queued
+		}
+		for _, p := range lockWaiting {
 			if p.Namespace == l.Namespace {
 				st.Waiting = append(st.Waiting, p.Name)
 			}
@@ -68,6 +75,21 @@ func (r *DistributedLockReconciler) waiting(s *scope) []*corev1.Pod {
 		}
 		if ok, err := r.eligible(context.Background(), s, p); err == nil && ok {
 			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// queued are the pods whose in-pod clients wait in Redis's queue for the
+// key, head first: who waits for a lock in mode Observe.
+func (s *scope) queued() []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, owner := range s.info.Waiters {
+		id := string(owner)
+		if i := strings.LastIndexByte(id, ':'); i > 0 {
+			if p := s.byUID[types.UID(id[:i])]; p != nil && !slices.Contains(out, p) {
+				out = append(out, p)
+			}
 		}
 	}
 	return out

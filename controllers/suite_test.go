@@ -125,7 +125,7 @@ type managerConfig struct {
 func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *harness {
 	t.Helper()
 	observe := cfg.observe
-	var cacheOpts cache.Options
+	cacheOpts := controllers.CacheOptions()
 	if len(cfg.namespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
 		for _, ns := range cfg.namespaces {
@@ -159,7 +159,7 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.redisAddr})
 	locks := controllers.NewLockClients(rdb, ctrl.Log, nil)
-	metrics, err := controllers.NewMetrics(h.metrics)
+	metrics, err := controllers.NewMetrics(h.metrics, controllers.MetricsOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

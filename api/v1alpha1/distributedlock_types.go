@@ -87,8 +87,23 @@ type DistributedLockSpec struct {
 	RenewInterval *metav1.Duration `json:"renewInterval,omitempty"`
 
 	// Candidates selects the pods, in the lock's namespace, that may hold
-	// the lock. They are granted it one at a time, oldest pod first.
+	// the lock. In mode Grant they are granted it one at a time, oldest pod
+	// first; in mode Observe they take it themselves.
 	Candidates PodSelector `json:"candidates"`
+
+	// Mode says who takes the lock. Grant (the default): the controller
+	// takes it on behalf of one candidate at a time, and lifts the lock's
+	// scheduling gate from a gated candidate once it holds the lock. Observe:
+	// the candidates take it themselves, with an in-pod client such as
+	// `lockwarden run --lock-resource`; the controller never takes it, and
+	// only shows and marks the holder, lists the candidates queued for it,
+	// and releases the hold of a candidate that has stopped. An Observe
+	// lock never lifts a gate: gate no pod on it. It cannot be changed.
+	// +optional
+	// +kubebuilder:default=Grant
+	// +kubebuilder:validation:Enum=Grant;Observe
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.mode is immutable; create a new DistributedLock to change who takes the lock"
+	Mode LockMode `json:"mode,omitempty"`
 
 	// StartTimeout bounds how long a pod granted the lock may take to start:
 	// to be Running with every container running. A holder that has not
@@ -110,6 +125,23 @@ type DistributedLockSpec struct {
 	// +optional
 	DeleteUnstarted bool `json:"deleteUnstarted,omitempty"`
 }
+
+// LockMode says who takes a DistributedLock: the controller, for its
+// candidates (Grant), or the candidates themselves (Observe).
+type LockMode string
+
+const (
+	// ModeGrant has the controller take the lock for one candidate at a
+	// time.
+	ModeGrant LockMode = "Grant"
+	// ModeObserve has the candidates take the lock with their own clients;
+	// the controller only watches, marks and cleans up after them.
+	ModeObserve LockMode = "Observe"
+)
+
+// Observes reports whether the candidates take the lock themselves. A mode
+// left empty (an object written before the field existed) is Grant.
+func (s DistributedLockSpec) Observes() bool { return s.Mode == ModeObserve }
 
 // PodSelector is a label selector for pods, as in a Deployment's
 // spec.selector, with bounds so it can be checked at admission.
@@ -206,7 +238,8 @@ type DistributedLockStatus struct {
 	Holder *LockHolder `json:"holder,omitempty"`
 	// Waiting are this namespace's candidate pods waiting for the lock, in
 	// the order they will be granted it, which every lock naming the key
-	// shares.
+	// shares. In mode Observe: this namespace's pods whose clients are
+	// queued for the key in Redis, head first.
 	// +optional
 	// +listType=atomic
 	Waiting []string `json:"waiting,omitempty"`

@@ -88,7 +88,7 @@ func parseRun(args []string) (*guard, error) {
 func newFlagSet(g *guard, skip *bool) *flag.FlagSet {
 	fs := flag.NewFlagSet("lockwarden run", flag.ContinueOnError)
 	fs.StringVar(&g.lock, "lock", "", "the Redis lock `name`; a DistributedLock's is its spec.key, else \"<namespace>/<name>\"")
-	fs.StringVar(&g.resource, "lock-resource", "", "instead of --lock: the lock \"$POD_NAMESPACE/<name>\" of the DistributedLock `name`\nin this pod's namespace, if its spec sets no key")
+	fs.StringVar(&g.resource, "lock-resource", "", "instead of --lock: the lock \"$POD_NAMESPACE/<name>\" of the DistributedLock `name`\nin this pod's namespace, if its spec sets no key; give that lock spec.mode: Observe,\nso the controller shows and cleans up after this pod's hold instead of taking the lock")
 	fs.DurationVar(&g.wait, "wait", 0, "how long to wait while the lock is held elsewhere, then exit 75. Default: until\nit is free; in a CronJob, bound it here or with activeDeadlineSeconds")
 	fs.BoolVar(skip, "skip", false, "exit 75 at once if the lock is held elsewhere (--wait 0)")
 	fs.DurationVar(&g.grace, "grace", 10*time.Second, "how long CMD has after SIGTERM before SIGKILL")

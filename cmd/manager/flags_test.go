@@ -1,12 +1,16 @@
 package main
 
 import (
+	"crypto/tls"
+	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/redisconn"
 )
 
@@ -80,6 +84,64 @@ func TestLeaderElectionFlagsRefused(t *testing.T) {
 	out, code := runManagerCode(t, []string{"REDIS_URL=redis://127.0.0.1:1/0"},
 		"--leader-elect", "--leader-elect-lease-duration=5s", "--leader-elect-renew-deadline=6s")
 	if code != 2 || !strings.Contains(out, "--leader-elect-renew-deadline (6s) must be below --leader-elect-lease-duration (5s)") {
+		t.Fatalf("exit code %d, output:\n%s", code, out)
+	}
+}
+
+// parseFlags parses args as the manager's command line.
+func parseFlags(t *testing.T, args ...string) *options {
+	t.Helper()
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	o := bindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// By default metrics are served as the kubebuilder v4 scaffold serves them:
+// HTTPS on :8443 behind the API server's authentication and authorization,
+// without HTTP/2, and without lock names.
+func TestMetricsFlags(t *testing.T) {
+	o := parseFlags(t)
+	opts := o.metricsServer()
+	if !opts.SecureServing || opts.FilterProvider == nil || opts.BindAddress != ":8443" || o.metricsLockNames {
+		t.Fatalf("default metrics server: secure %v, filter set %v, address %q, lock names %v; want HTTPS with authn/authz on :8443, no lock names",
+			opts.SecureServing, opts.FilterProvider != nil, opts.BindAddress, o.metricsLockNames)
+	}
+	tlsCfg := &tls.Config{NextProtos: []string{"h2"}}
+	for _, f := range opts.TLSOpts {
+		f(tlsCfg)
+	}
+	if slices.Contains(tlsCfg.NextProtos, "h2") {
+		t.Errorf("HTTP/2 offered by default: %v", tlsCfg.NextProtos)
+	}
+
+	o = parseFlags(t, "--metrics-secure=false", "--metrics-bind-address=0", "--enable-http2",
+		"--metrics-cert-path=/certs", "--metrics-cert-name=c.pem", "--metrics-cert-key=k.pem", "--metrics-lock-names")
+	opts = o.metricsServer()
+	if opts.SecureServing || opts.FilterProvider != nil || len(opts.TLSOpts) != 0 || opts.BindAddress != "0" ||
+		opts.CertDir != "/certs" || opts.CertName != "c.pem" || opts.KeyName != "k.pem" || !o.metricsLockNames {
+		t.Fatalf("flags not applied: %+v, lock names %v", opts, o.metricsLockNames)
+	}
+}
+
+func TestMaxConcurrentReconciles(t *testing.T) {
+	if o := parseFlags(t); o.maxConcurrentReconciles != controllers.DefaultMaxConcurrentReconciles || o.validate() != nil {
+		t.Fatalf("default: %d (%v), want %d", o.maxConcurrentReconciles, o.validate(), controllers.DefaultMaxConcurrentReconciles)
+	}
+	if o := parseFlags(t, "--max-concurrent-reconciles=16"); o.maxConcurrentReconciles != 16 || o.validate() != nil {
+		t.Fatalf("--max-concurrent-reconciles=16: %d (%v)", o.maxConcurrentReconciles, o.validate())
+	}
+	for _, n := range []string{"0", "-1"} {
+		err := parseFlags(t, "--max-concurrent-reconciles="+n).validate()
+		if err == nil || !strings.Contains(err.Error(), "--max-concurrent-reconciles ("+n+") must be above 0") {
+			t.Errorf("--max-concurrent-reconciles=%s: error %v", n, err)
+		}
+	}
+	// The binary refuses it at start-up, before Redis or the API server.
+	out, code := runManagerCode(t, []string{"REDIS_URL=redis://127.0.0.1:1/0"}, "--max-concurrent-reconciles=0")
+	if code != 2 || !strings.Contains(out, "--max-concurrent-reconciles (0) must be above 0") {
 		t.Fatalf("exit code %d, output:\n%s", code, out)
 	}
 }

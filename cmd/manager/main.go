@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/redis/go-redis/v9"
@@ -56,37 +58,96 @@ const (
 	envRedisPasswordFile = "REDIS_PASSWORD_FILE"
 )
 
-func main() {
-	var (
-		metricsAddr, probeAddr string
-		leaderElect            bool
-		lease, renew, retry    time.Duration
-		redisCfg               redisconn.Config
-		sentinels, cluster     string
-		showVersion            bool
-	)
-	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 turns it off.")
-	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz probes.")
-	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader among manager replicas with a Lease, so a standby can take over.")
+// options are the manager's flags.
+type options struct {
+	showVersion bool
+	probeAddr   string
+
+	// Metrics, served as the kubebuilder v4 scaffold serves them.
+	metricsAddr      string
+	metricsSecure    bool
+	metricsCertDir   string
+	metricsCertName  string
+	metricsCertKey   string
+	enableHTTP2      bool
+	metricsLockNames bool
+
+	leaderElect         bool
+	lease, renew, retry time.Duration
+
+	maxConcurrentReconciles int
+
+	redisCfg           redisconn.Config
+	sentinels, cluster string
+	keys               controllers.KeyPolicy
+}
+
+// bindFlags defines the manager's flags on fs, with their defaults.
+func bindFlags(fs *flag.FlagSet) *options {
+	o := &options{}
+	fs.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address of the Prometheus metrics endpoint; 0 turns it off.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS, only to callers the API server authenticates and authorizes for GET /metrics (the metrics-reader ClusterRole). false serves plain HTTP to anyone.")
+	fs.StringVar(&o.metricsCertDir, "metrics-cert-path", "", "Directory of the metrics server's certificate, reloaded when it changes; empty: a self-signed certificate made at start-up.")
+	fs.StringVar(&o.metricsCertName, "metrics-cert-name", "tls.crt", "The certificate's file name in --metrics-cert-path.")
+	fs.StringVar(&o.metricsCertKey, "metrics-cert-key", "tls.key", "The key's file name in --metrics-cert-path.")
+	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Allow HTTP/2 on the metrics server. Off by default against the HTTP/2 Stream Cancellation and Rapid Reset CVEs.")
+	fs.BoolVar(&o.metricsLockNames, "metrics-lock-names", false, "Label the lock metrics with each DistributedLock's name, not only its namespace. Anyone allowed to read the metrics then sees every tenant's lock names.")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz probes.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect a leader among manager replicas with a Lease, so a standby can take over.")
 	// controller-runtime's defaults. Nobody renews the locks in Redis during
 	// a failover, so lease duration, retry period and start-up together must
 	// stay below every DistributedLock's leaseDuration - renewInterval (see
 	// the README).
-	flag.DurationVar(&lease, "leader-elect-lease-duration", 15*time.Second, "How long a standby waits after the leader's last renewal of the Lease before it takes over.")
-	flag.DurationVar(&renew, "leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew the Lease before it gives up leading; below the lease duration.")
-	flag.DurationVar(&retry, "leader-elect-retry-period", 2*time.Second, "How often candidates try to take or renew the Lease; below the renew deadline / 1.2.")
-	flag.StringVar(&sentinels, "redis-sentinel-addrs", "", "Comma-separated Sentinel addresses, instead of $REDIS_URL.")
-	flag.StringVar(&redisCfg.SentinelMaster, "redis-sentinel-master", "", "The master name the Sentinels watch.")
-	flag.StringVar(&cluster, "redis-cluster-addrs", "", "Comma-separated Redis Cluster node addresses, instead of $REDIS_URL.")
-	flag.BoolVar(&redisCfg.TLS, "redis-tls", false, "Use TLS with Sentinel or Cluster addresses (rediss:// implies it for a URL).")
-	flag.StringVar(&redisCfg.CAFile, "redis-ca-file", "", "PEM file of CAs to trust for Redis TLS, such as a mounted Secret's ca.crt.")
-	var keys controllers.KeyPolicy
-	flag.Func("shared-key", "KEY=NAMESPACE[,NAMESPACE...]: let locks in those namespaces (* for all) use a key outside their own <namespace>/..., to share it across namespaces, with another cluster or with in-pod clients. Repeat for more keys.", keys.Share)
+	fs.DurationVar(&o.lease, "leader-elect-lease-duration", 15*time.Second, "How long a standby waits after the leader's last renewal of the Lease before it takes over.")
+	fs.DurationVar(&o.renew, "leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew the Lease before it gives up leading; below the lease duration.")
+	fs.DurationVar(&o.retry, "leader-elect-retry-period", 2*time.Second, "How often candidates try to take or renew the Lease; below the renew deadline / 1.2.")
+	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles, "How many keys the controller settles at once; reconciles of one key never overlap.")
+	fs.StringVar(&o.sentinels, "redis-sentinel-addrs", "", "Comma-separated Sentinel addresses, instead of $REDIS_URL.")
+	fs.StringVar(&o.redisCfg.SentinelMaster, "redis-sentinel-master", "", "The master name the Sentinels watch.")
+	fs.StringVar(&o.cluster, "redis-cluster-addrs", "", "Comma-separated Redis Cluster node addresses, instead of $REDIS_URL.")
+	fs.BoolVar(&o.redisCfg.TLS, "redis-tls", false, "Use TLS with Sentinel or Cluster addresses (rediss:// implies it for a URL).")
+	fs.StringVar(&o.redisCfg.CAFile, "redis-ca-file", "", "PEM file of CAs to trust for Redis TLS, such as a mounted Secret's ca.crt.")
+	fs.Func("shared-key", "KEY=NAMESPACE[,NAMESPACE...]: let locks in those namespaces (* for all) use a key outside their own <namespace>/..., to share it across namespaces, with another cluster or with in-pod clients. Repeat for more keys.", o.keys.Share)
+	return o
+}
+
+// validate refuses flag values the manager cannot run with, naming the
+// flag, before it touches Redis or the API server.
+func (o *options) validate() error {
+	if o.maxConcurrentReconciles <= 0 {
+		return fmt.Errorf("--max-concurrent-reconciles (%d) must be above 0", o.maxConcurrentReconciles)
+	}
+	return checkLeaderElection(o.lease, o.renew, o.retry)
+}
+
+// metricsServer is the metrics server's configuration. Secure, it serves
+// HTTPS and asks the API server (TokenReview, SubjectAccessReview) whether
+// each caller may GET /metrics, which the metrics-auth-role in config/rbac
+// lets the manager ask.
+func (o *options) metricsServer() metricsserver.Options {
+	opts := metricsserver.Options{
+		BindAddress:   o.metricsAddr,
+		SecureServing: o.metricsSecure,
+		CertDir:       o.metricsCertDir,
+		CertName:      o.metricsCertName,
+		KeyName:       o.metricsCertKey,
+	}
+	if !o.enableHTTP2 {
+		opts.TLSOpts = append(opts.TLSOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	if o.metricsSecure {
+		opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return opts
+}
+
+func main() {
+	o := bindFlags(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
-	if showVersion {
+	if o.showVersion {
 		fmt.Println(version)
 		return
 	}
@@ -94,12 +155,13 @@ func main() {
 	log := ctrl.Log.WithName("setup")
 	log.Info("lockwarden manager", "version", version)
 
-	if err := checkLeaderElection(lease, renew, retry); err != nil {
-		log.Error(err, "invalid leader-election flags")
+	if err := o.validate(); err != nil {
+		log.Error(err, "invalid flags")
 		os.Exit(2)
 	}
-	redisCfg.SentinelAddrs = redisconn.SplitList(sentinels)
-	redisCfg.ClusterAddrs = redisconn.SplitList(cluster)
+	redisCfg := o.redisCfg
+	redisCfg.SentinelAddrs = redisconn.SplitList(o.sentinels)
+	redisCfg.ClusterAddrs = redisconn.SplitList(o.cluster)
 	if err := redisFromEnv(&redisCfg, os.Getenv); err != nil {
 		log.Error(err, "cannot configure Redis")
 		os.Exit(1)
@@ -117,14 +179,15 @@ func main() {
 	must(locksv1.AddToScheme(scheme))
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                        scheme,
-		Metrics:                       metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress:        probeAddr,
-		LeaderElection:                leaderElect,
+		Cache:                         controllers.CacheOptions(),
+		Metrics:                       o.metricsServer(),
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "lockwarden-manager.lockwarden.dev",
 		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 &lease,
-		RenewDeadline:                 &renew,
-		RetryPeriod:                   &retry,
+		LeaseDuration:                 &o.lease,
+		RenewDeadline:                 &o.renew,
+		RetryPeriod:                   &o.retry,
 		GracefulShutdownTimeout:       new(gracefulShutdownTimeout),
 	})
 	if err != nil {
@@ -134,7 +197,7 @@ func main() {
 
 	libMetrics := redislock.NewMetrics()
 	must(ctrlmetrics.Registry.Register(libMetrics))
-	metrics, err := controllers.NewMetrics(ctrlmetrics.Registry)
+	metrics, err := controllers.NewMetrics(ctrlmetrics.Registry, controllers.MetricsOptions{LockNames: o.metricsLockNames})
 	must(err)
 	locks := controllers.NewLockClients(rdb, ctrl.Log, libMetrics)
 	defer locks.Close()
@@ -143,7 +206,9 @@ func main() {
 		Recorder: mgr.GetEventRecorderFor("lockwarden"),
 		Locks:    locks,
 		Metrics:  metrics,
-		Keys:     keys,
+		Keys:     o.keys,
+
+		MaxConcurrentReconciles: o.maxConcurrentReconciles,
 	}
 	if err := reconciler.SetupWithManager(mgr); err != nil {
 		log.Error(err, "cannot set up the controller")

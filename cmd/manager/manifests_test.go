@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -23,13 +24,15 @@ import (
 
 // TestManagerDeployment checks what config/default promises about running
 // the manager: it outlives its graceful shutdown, keeps a replica through
-// drains, spreads across nodes and reads the Redis password from a file
-// mounted from the Secret. controllers/manifests_test.go submits the same
-// objects to an API server.
+// drains, spreads across nodes, exposes its metrics port through the
+// metrics Service and reads the Redis password from a file mounted from the
+// Secret. controllers/manifests_test.go submits the same objects to an API
+// server.
 func TestManagerDeployment(t *testing.T) {
 	var (
 		deploy  appsv1.Deployment
 		pdb     policyv1.PodDisruptionBudget
+		svc     corev1.Service
 		configs = map[string]corev1.ConfigMap{}
 	)
 	for _, obj := range kustomizeBuild(t, filepath.Join("..", "..", "config", "default")) {
@@ -38,6 +41,8 @@ func TestManagerDeployment(t *testing.T) {
 			strictFrom(t, obj, &deploy)
 		case "PodDisruptionBudget":
 			strictFrom(t, obj, &pdb)
+		case "Service":
+			strictFrom(t, obj, &svc)
 		case "ConfigMap":
 			var cm corev1.ConfigMap
 			strictFrom(t, obj, &cm)
@@ -81,9 +86,28 @@ func TestManagerDeployment(t *testing.T) {
 		t.Errorf("no preferred pod anti-affinity of the manager pods across %s: %+v", corev1.LabelHostname, pod.Affinity)
 	}
 
+	// The metrics Service reaches the port the manager serves metrics on,
+	// over HTTPS.
+	c := pod.Containers[0]
+	metricsPort := ""
+	for _, arg := range c.Args {
+		if addr, ok := strings.CutPrefix(arg, "--metrics-bind-address="); ok {
+			_, metricsPort, _ = strings.Cut(addr, ":")
+		}
+	}
+	var served bool
+	for _, sp := range svc.Spec.Ports {
+		for _, cp := range c.Ports {
+			served = served || (sp.Name == "https" && sp.TargetPort.String() == cp.Name && fmt.Sprint(cp.ContainerPort) == metricsPort)
+		}
+	}
+	if !served || !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) || len(svc.Spec.Selector) == 0 {
+		t.Errorf("the metrics Service %s (ports %+v, selector %v) does not reach the manager's metrics port %q (container ports %+v)",
+			svc.Name, svc.Spec.Ports, svc.Spec.Selector, metricsPort, c.Ports)
+	}
+
 	// REDIS_PASSWORD_FILE must name the password key of the Secret's volume,
 	// and REDIS_PASSWORD must be absent: the manager refuses both.
-	c := pod.Containers[0]
 	env := map[string]string{}
 	for _, from := range c.EnvFrom {
 		if from.ConfigMapRef == nil {

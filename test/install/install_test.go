@@ -77,6 +77,23 @@ func TestMakeInstallAndDeploy(t *testing.T) {
 			t.Errorf("after make undeploy: %s %s: %v", obj.GetKind(), obj.GetName(), err)
 		}
 	}
+
+	// The trial overlay, which the README deploys with DEPLOY_CONFIG, gets
+	// the image too. Its Redis cannot run on kwok's fake nodes, so it is
+	// only built here.
+	var managers []string
+	for _, obj := range decodeYAML(t, buildInstaller(t, deployed, "DEPLOY_CONFIG=config/trial-redis")) {
+		if obj.GetKind() == "Deployment" && obj.GetName() == deploy.Name {
+			var d appsv1.Deployment
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &d); err != nil {
+				t.Fatal(err)
+			}
+			managers = append(managers, managerContainer(t, &d).Image)
+		}
+	}
+	if !slices.Equal(managers, []string{deployed}) {
+		t.Errorf("config/trial-redis's manager images: %v, want [%s]", managers, deployed)
+	}
 }
 
 // TestInstallerRunsImage writes the installer with make build-installer,
@@ -366,10 +383,10 @@ func secretData(t *testing.T, ns, name string) map[string]string {
 
 // buildInstaller runs make build-installer with the image and returns the
 // installer.
-func buildInstaller(t *testing.T, image string) []byte {
+func buildInstaller(t *testing.T, image string, makeArgs ...string) []byte {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "install.yaml")
-	mustMake(t, "build-installer", "IMG="+image, "INSTALLER="+file)
+	mustMake(t, append([]string{"build-installer", "IMG=" + image, "INSTALLER=" + file}, makeArgs...)...)
 	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,46 @@
+package controllers
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Retries after Redis failed: the first after redisRetryBase, each next one
+// twice as late up to redisRetryCap, each moved by up to ±20%. So an outage
+// costs each key one attempt per interval, not one every 2 s, and when Redis
+// comes back the keys come back spread out rather than in one burst of
+// grants.
+const (
+	redisRetryBase = 500 * time.Millisecond
+	redisRetryCap  = 30 * time.Second
+)
+
+// redisBackoff counts each key's Redis failures in a row.
+type redisBackoff struct {
+	mu       sync.Mutex
+	failures map[string]int // only keys whose last attempt failed
+}
+
+// failed records a failure of the key and returns how soon to retry it.
+func (b *redisBackoff) failed(key string) time.Duration {
+	b.mu.Lock()
+	if b.failures == nil {
+		b.failures = map[string]int{}
+	}
+	n := b.failures[key]
+	b.failures[key] = n + 1
+	b.mu.Unlock()
+	d := redisRetryCap
+	if n < 6 { // 500ms << 6 = 32s, past the cap
+		d = min(redisRetryBase<<n, redisRetryCap)
+	}
+	return d*4/5 + rand.N(d*2/5+1)
+}
+
+// succeeded forgets the key's failures.
+func (b *redisBackoff) succeeded(key string) {
+	b.mu.Lock()
+	delete(b.failures, key)
+	b.mu.Unlock()
+}

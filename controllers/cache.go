@@ -1,0 +1,134 @@
+package controllers
+
+import (
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// CacheOptions are the manager's cache settings for this controller. It
+// watches every pod of the cluster, so each is kept stripped to the fields
+// the controller reads (see stripPod), and no object keeps its
+// managedFields. The manager and the tests start their cache with these.
+func CacheOptions() cache.Options {
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: stripPod}},
+	}
+}
+
+// stripPod keeps what the controller reads of a pod: its identity, labels,
+// annotations and timestamps; its scheduling gates and node; its phase,
+// conditions and container states. The rest, above all the container specs
+// and volumes, is most of a pod's size. The controller only ever writes a
+// pod with a merge patch of its labels, annotations and gates computed
+// between two such stripped copies, so what is dropped is never written.
+func stripPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	stripped := &corev1.Pod{
+		TypeMeta: pod.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+			Generation: pod.Generation, CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp,
+			Labels: pod.Labels, Annotations: pod.Annotations,
+		},
+		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName, SchedulingGates: pod.Spec.SchedulingGates},
+		Status: corev1.PodStatus{
+			Phase: pod.Status.Phase, Conditions: pod.Status.Conditions,
+			InitContainerStatuses: stripContainerStatuses(pod.Status.InitContainerStatuses),
+			ContainerStatuses:     stripContainerStatuses(pod.Status.ContainerStatuses),
+		},
+	}
+	return stripped, nil
+}
+
+func stripContainerStatuses(in []corev1.ContainerStatus) []corev1.ContainerStatus {
+	if in == nil {
+		return nil
+	}
+	out := make([]corev1.ContainerStatus, len(in))
+	for i, cs := range in {
+		out[i] = corev1.ContainerStatus{Name: cs.Name, State: cs.State}
+	}
+	return out
+}
+
+// ignoreOwnMarks drops pod updates that change nothing but lockwarden's own
+// labels and annotations: the controller wrote them in a reconcile that saw
+// everything they say, so waking it again would only repeat that work. A
+// gate lifted, a phase or a container state changed, a deletion started: all
+// of these still wake it.
+var ignoreOwnMarks = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		before, ok1 := e.ObjectOld.(*corev1.Pod)
+		after, ok2 := e.ObjectNew.(*corev1.Pod)
+		if !ok1 || !ok2 {
+			return true
+		}
+		return !equality.Semantic.DeepEqual(withoutOwnMarks(before), withoutOwnMarks(after))
+	},
+}
+
+// ownMarkPrefixes are the prefixes of the labels and annotations lockwarden
+// writes on pods.
+var ownMarkPrefixes = []string{locksv1.HolderLabelPrefix, locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix}
+
+func withoutOwnMarks(pod *corev1.Pod) *corev1.Pod {
+	p := pod.DeepCopy()
+	p.ResourceVersion, p.ManagedFields = "", nil
+	for _, m := range []map[string]string{p.Labels, p.Annotations} {
+		for k := range m {
+			for _, prefix := range ownMarkPrefixes {
+				if strings.HasPrefix(k, prefix) {
+					delete(m, k)
+				}
+			}
+		}
+	}
+	return p
+}
+
+// selectors caches each lock's parsed candidate selector, by lock, for as
+// long as its UID and generation stay the same: a pod event is checked
+// against every lock of its namespace, and parsing a selector allocates.
+var selectors selectorCache
+
+type selectorCache struct{ m sync.Map } // types.NamespacedName -> parsedSelector
+
+type parsedSelector struct {
+	uid        types.UID
+	generation int64
+	selector   labels.Selector // nil if the selector is invalid or empty
+}
+
+func (c *selectorCache) get(lock *locksv1.DistributedLock) labels.Selector {
+	name := types.NamespacedName{Namespace: lock.Namespace, Name: lock.Name}
+	if v, ok := c.m.Load(name); ok {
+		if p := v.(parsedSelector); p.uid == lock.UID && p.generation == lock.Generation {
+			return p.selector
+		}
+	}
+	p := parsedSelector{uid: lock.UID, generation: lock.Generation}
+	if s, err := metav1.LabelSelectorAsSelector(lock.Spec.Candidates.LabelSelector()); err == nil && !s.Empty() {
+		p.selector = s
+	}
+	c.m.Store(name, p)
+	return p.selector
+}
+
+// forget drops a deleted lock's entry.
+func (c *selectorCache) forget(name types.NamespacedName) { c.m.Delete(name) }
