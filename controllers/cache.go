@@ -67,11 +67,13 @@ func stripContainerStatuses(in []corev1.ContainerStatus) []corev1.ContainerStatu
 	return out
 }
 
-// ignoreOwnMarks drops pod updates that change nothing but lockwarden's own
+// ignoreOwnMarks drops pod updates that only set or change lockwarden's own
 // labels and annotations: the controller wrote them in a reconcile that saw
-// everything they say, so waking it again would only repeat that work. A
-// gate lifted, a phase or a container state changed, a deletion started: all
-// of these still wake it.
+// everything they say, so waking it again would only repeat that work. An
+// update that removes a mark still wakes it: the marks are how a grant is
+// found again after Redis lost it, so one removed by someone else must be
+// written back. A gate lifted, a phase or a container state changed, a
+// deletion started: all of these wake it too.
 var ignoreOwnMarks = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		before, ok1 := e.ObjectOld.(*corev1.Pod)
@@ -79,8 +81,28 @@ var ignoreOwnMarks = predicate.Funcs{
 		if !ok1 || !ok2 {
 			return true
 		}
-		return !equality.Semantic.DeepEqual(withoutOwnMarks(before), withoutOwnMarks(after))
+		return marksRemoved(before.Labels, after.Labels) || marksRemoved(before.Annotations, after.Annotations) ||
+			!equality.Semantic.DeepEqual(withoutOwnMarks(before), withoutOwnMarks(after))
 	},
+}
+
+// marksRemoved reports whether a mark in before is missing from after.
+func marksRemoved(before, after map[string]string) bool {
+	for k := range before {
+		if _, kept := after[k]; !kept && isOwnMark(k) {
+			return true
+		}
+	}
+	return false
+}
+
+func isOwnMark(key string) bool {
+	for _, prefix := range ownMarkPrefixes {
+		if strings.HasPrefix(key, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // ownMarkPrefixes are the prefixes of the labels and annotations lockwarden
@@ -92,10 +114,8 @@ func withoutOwnMarks(pod *corev1.Pod) *corev1.Pod {
 	p.ResourceVersion, p.ManagedFields = "", nil
 	for _, m := range []map[string]string{p.Labels, p.Annotations} {
 		for k := range m {
-			for _, prefix := range ownMarkPrefixes {
-				if strings.HasPrefix(k, prefix) {
-					delete(m, k)
-				}
+			if isOwnMark(k) {
+				delete(m, k)
 			}
 		}
 	}

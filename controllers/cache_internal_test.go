@@ -26,6 +26,7 @@ func TestIgnoreOwnMarks(t *testing.T) {
 			p.ResourceVersion = "2"
 		}, false},
 		{"another writer's label", func(p *corev1.Pod) { p.Labels["team"] = "a" }, true},
+		{"own mark removed", func(p *corev1.Pod) { delete(p.Labels, locksv1.HolderLabelFor("l")) }, true},
 		{"gate lifted", func(p *corev1.Pod) { p.Spec.SchedulingGates = nil }, true},
 		{"phase", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, true},
 		{"deletion started", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: time.Now()} }, true},
@@ -34,6 +35,7 @@ func TestIgnoreOwnMarks(t *testing.T) {
 			p.Status.Phase = corev1.PodRunning
 		}, true},
 	}
+	setMarks(base, "l", "uid:0", 6)
 	for _, tc := range cases {
 		after := base.DeepCopy()
 		tc.change(after)

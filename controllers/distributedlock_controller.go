@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -96,7 +97,13 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if !r.Keys.Permits(lock.Namespace, key) {
 		before := lock.DeepCopy()
 		lock.Status.Key = key
-		lock.Status.Holder, lock.Status.Waiting, lock.Status.WaitingCount = nil, nil, 0
+		lock.Status.Waiting, lock.Status.WaitingCount = nil, 0
+		// A grant made while the key was shared with the namespace stays
+		// recorded until its pod stops: the record, which the tenant cannot
+		// write, is what says the hold in Redis is that grant (granteeOf).
+		if !r.grantRunning(ctx, lock) {
+			lock.Status.Holder = nil
+		}
 		setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
 			"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", key, lock.Namespace))
 		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
@@ -125,6 +132,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		return r.redisFailed(ctx, s, s.redisErr)
 	}
 	if s.notALock {
+		r.backoff.succeeded(s.key)
 		return ctrl.Result{}, nil // only a new key can fix it
 	}
 	for _, phase := range []struct {
@@ -146,11 +154,12 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 	}
 	r.backoff.succeeded(s.key)
 	r.computeStatuses(s)
-	// A controller grant needs no polling: its loss arrives on the lost
-	// channel, and its pod's end as a pod event. Anyone else's hold ends by
-	// a release, which Redis publishes (watchReleases), or by its lease
-	// running out, which it does not.
-	if h := s.holders; len(h) > 0 && (s.conflict || h[0].pod == nil || !h[0].byController()) {
+	// A grant the controller keeps needs no polling: its loss arrives on
+	// the lost channel, and its pod's end as a pod event. Anyone else's
+	// hold (even one under a controller owner ID that is no grant it
+	// keeps) ends by a release, which Redis publishes (watchReleases), or
+	// by its lease running out, which it does not.
+	if h := s.holders; len(h) > 0 && (s.conflict || s.grantee == nil || h[0].podUID != s.grantee.UID) {
 		s.requeue(pollAfter(s.info.TTL))
 	}
 	return ctrl.Result{RequeueAfter: s.after}, nil
@@ -228,9 +237,22 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *l
 			return ctrl.Result{}, err
 		}
 	}
+	r.backoff.succeeded(key)
 	patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(lock, locksv1.Finalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, lock, patch))
+}
+
+// grantRunning reports whether the lock's status records a grant to a pod
+// that still exists and has not stopped.
+func (r *DistributedLockReconciler) grantRunning(ctx context.Context, lock *locksv1.DistributedLock) bool {
+	h := lock.Status.Holder
+	if h == nil || !h.GrantedByController || h.PodName == "" {
+		return false
+	}
+	pod := &corev1.Pod{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: lock.Namespace, Name: h.PodName}, pod)
+	return err == nil && string(pod.UID) == h.PodUID && !stopped(pod)
 }
 
 func setCondition(lock *locksv1.DistributedLock, condition string, status metav1.ConditionStatus, reason, message string) {

@@ -66,8 +66,9 @@ func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod 
 	if stopped(pod) || !pod.DeletionTimestamp.IsZero() {
 		return false, nil
 	}
-	// A gate of a lock in mode Observe is never lifted, so a pod behind
-	// one is never granted anything: it could not start.
+	// The gate of a lock in mode Observe, or of a lock naming a key its
+	// namespace may not use, is never lifted, so a pod behind one is never
+	// granted anything: it could not start.
 	ours := map[string]bool{}
 	for _, l := range s.locksIn(pod.Namespace) {
 		if grantsFor(l) {
@@ -91,6 +92,9 @@ func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod 
 		}
 		if err != nil {
 			return false, err
+		}
+		if other.Spec.Observes() || !r.Keys.Permits(other.Namespace, effectiveKey(other)) {
+			return false, nil // that gate is never lifted
 		}
 		if effectiveKey(other) <= s.key {
 			return false, nil // it takes that key first

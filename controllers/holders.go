@@ -19,9 +19,9 @@ import (
 // stopped, if any: the one holding it in Redis, else the one this process
 // granted it to, else the oldest pod whose marks record a grant (after a
 // manager restart, or a lease lost with Redis's data). A pod of a namespace
-// the key was un-shared from is found only in Redis: its marks were written
-// in a namespace whose tenant can forge them, and no longer names a key it
-// may use.
+// the key was un-shared from is found only in Redis, and only if its lock's
+// status records that very grant: its marks, and a hold in Redis, are
+// things its tenant can forge.
 func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 	var marked []*corev1.Pod
 	for _, p := range s.pods {
@@ -30,7 +30,7 @@ func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 		}
 	}
 	for _, h := range s.holders {
-		if h.pod != nil && h.byController() && !stopped(h.pod) {
+		if h.pod != nil && h.byController() && !stopped(h.pod) && (len(s.locksIn(h.pod.Namespace)) > 0 || s.recordedGrant(h)) {
 			return h.pod
 		}
 	}
@@ -46,6 +46,21 @@ func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 		}
 	}
 	return oldest
+}
+
+// recordedGrant reports whether a revoked lock's status records the hold as
+// the grant it made while its namespace could still use the key: the same
+// owner, with the same fencing token. A hold in Redis alone proves nothing,
+// since a tenant with the Redis credentials can write one.
+func (s *scope) recordedGrant(h holder) bool {
+	for _, l := range s.revoked {
+		st := l.Status.Holder
+		if l.Namespace == h.pod.Namespace && st != nil && st.GrantedByController &&
+			st.OwnerID == string(h.owner) && st.Token == s.info.Token {
+			return true
+		}
+	}
+	return false
 }
 
 // releaseStopped force-releases the holders whose pod has stopped or is

@@ -96,8 +96,8 @@ func TestUnsharingAKeyKeepsARunningGrant(t *testing.T) {
 	first := startManager(t, sharing(key, nsA, nsB))
 	pb := createPod(t, nsB, "pb", "y", gatedBy("b"))
 	b := createLock(t, nsB, "b", "y", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
-	eventually(t, "pb to be granted and ungated", func() bool {
-		return holds(t, key, pb) && !gatedWith(getPod(t, pb), gateFor("b"))
+	eventually(t, "pb to be granted, ungated and shown", func() bool {
+		return holds(t, key, pb) && !gatedWith(getPod(t, pb), gateFor("b")) && holderOf(t, b) == "pb"
 	})
 	setPhase(t, getPod(t, pb), corev1.PodRunning)
 	first.stop()
