@@ -270,6 +270,10 @@ func effectiveKey(lock *locksv1.DistributedLock) string {
 	return lock.Namespace + "/" + lock.Name
 }
 
+// termsOf is the lock's lease and renewal interval, as the controller holds
+// it. The renewal interval is bounded below by maxRenewRate: the API allows
+// 100ms, and thousands of locks renewed that often would be all of Redis's
+// load, for no gain in safety once a lease has room for two more renewals.
 func termsOf(lock *locksv1.DistributedLock) leaseTerms {
 	t := leaseTerms{lease: 30 * time.Second} // the API's default
 	if lock.Spec.LeaseDuration != nil {
@@ -279,8 +283,13 @@ func termsOf(lock *locksv1.DistributedLock) leaseTerms {
 	if lock.Spec.RenewInterval != nil {
 		t.renew = lock.Spec.RenewInterval.Duration
 	}
+	t.renew = max(t.renew, min(maxRenewRate, t.lease/3))
 	return t
 }
+
+// maxRenewRate is the shortest renewal interval the controller uses, unless
+// the lease is under three times as long: then a third of the lease.
+const maxRenewRate = time.Second
 
 // ownerFor is the owner ID under which the controller holds a lock for a pod.
 func ownerFor(podUID types.UID) redislock.Owner {

@@ -8,7 +8,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 )
 
@@ -95,4 +97,31 @@ func (l *LockClients) holdsOf(terms leaseTerms) int {
 		return lc.holds
 	}
 	return -1
+}
+
+// The controller renews a lock at most once a second, or three times a
+// lease for leases under 3 s, whatever shorter interval the spec asks for.
+func TestRenewRateIsBounded(t *testing.T) {
+	d := func(s string) *metav1.Duration {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &metav1.Duration{Duration: v}
+	}
+	for _, tc := range []struct {
+		lease, renew *metav1.Duration
+		want         leaseTerms
+	}{
+		{nil, nil, leaseTerms{30 * time.Second, 10 * time.Second}},
+		{d("30s"), d("100ms"), leaseTerms{30 * time.Second, time.Second}},
+		{d("1s"), d("100ms"), leaseTerms{time.Second, time.Second / 3}},
+		{d("3s"), d("2500ms"), leaseTerms{3 * time.Second, 2500 * time.Millisecond}},
+		{d("6s"), nil, leaseTerms{6 * time.Second, 2 * time.Second}},
+	} {
+		lock := &locksv1.DistributedLock{Spec: locksv1.DistributedLockSpec{LeaseDuration: tc.lease, RenewInterval: tc.renew}}
+		if got := termsOf(lock); got != tc.want {
+			t.Errorf("lease %v, renew %v: terms %+v, want %+v", tc.lease, tc.renew, got, tc.want)
+		}
+	}
 }

@@ -80,7 +80,9 @@ type DistributedLockSpec struct {
 	LeaseDuration *metav1.Duration `json:"leaseDuration,omitempty"`
 
 	// RenewInterval is how often the lease is renewed. Default: a third of
-	// the lease. It must be at least 100ms and shorter than the lease.
+	// the lease. It must be at least 100ms and shorter than the lease. The
+	// controller renews at most once a second, or, for a lease under 3s,
+	// three times a lease: a shorter interval is raised to that.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('100ms')",message="spec.renewInterval must be at least 100ms"
