@@ -56,6 +56,9 @@ type DistributedLockReconciler struct {
 	lost chan event.GenericEvent
 	// stopped closes when the manager stops, so nothing blocks on lost.
 	stopped <-chan struct{}
+	// keyReleases listens for single keys' releases on a Cluster with
+	// sharded pub/sub, where watchReleases hears none; nil elsewhere.
+	keyReleases *shardedReleases
 
 	grants  grants
 	keys    keyMutex
@@ -161,6 +164,9 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 	// by its lease running out, which it does not.
 	if h := s.holders; len(h) > 0 && (s.conflict || s.grantee == nil || h[0].podUID != s.grantee.UID) {
 		s.requeue(pollAfter(s.info.TTL))
+		r.keyReleases.watch(ctx, s.key)
+	} else {
+		r.keyReleases.unwatch(s.key)
 	}
 	return ctrl.Result{RequeueAfter: s.after}, nil
 }
@@ -238,6 +244,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *l
 		}
 	}
 	r.backoff.succeeded(key)
+	r.keyReleases.unwatch(key) // the key's other locks, if any, watch it again
 	patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(lock, locksv1.Finalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, lock, patch))

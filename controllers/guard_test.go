@@ -18,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
 // The tests in this file pin the cases of issue 12, one test per case.
@@ -456,4 +458,49 @@ func TestFinalizerReleasesWithEmptyStatus(t *testing.T) {
 		t.Fatal("the lock is still held in Redis after its resource, with an empty status, was deleted")
 	}
 	eventually(t, "pod a to be unmarked", func() bool { return !marked(getPod(t, a)) })
+}
+
+// Case 8 on a Redis Cluster with sharded pub/sub: a release is SPUBLISHed
+// to the lock's shard only, which the controller's pattern subscription
+// never hears. It listens on each key somebody else holds instead, so the
+// in-pod client's release still wakes it at once rather than at the lease's
+// end.
+func TestCase8ReleaseOutsideWakesTheControllerOnACluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3, 0)
+	startManagerOn(t, managerConfig{rdb: cluster.Client(t)})
+	ns := newNamespace(t)
+	app := createPod(t, ns, "app", "api")
+	standby := createPod(t, ns, "standby", "api")
+	key := ns + "/leader"
+	inPod, err := redislock.New(cluster.Client(t), redislock.Options{ID: string(app.UID), WatchdogLease: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inPod.Close()
+	m, err := inPod.NewMutex(key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold, err := m.Lock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock := createLock(t, ns, "leader", "api")
+	eventually(t, "the in-pod hold to show", func() bool { return holderOf(t, lock) == "app" })
+	settle() // the controller listens on the key once it has seen the hold
+
+	released := time.Now()
+	if err := hold.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the controller to grant the lock", func() bool {
+		info, err := inPod.Inspect(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(info.Holders) == 1 && (string(info.Holders[0].Owner) == string(app.UID)+":0" || string(info.Holders[0].Owner) == string(standby.UID)+":0")
+	})
+	if d := time.Since(released); d > time.Second {
+		t.Fatalf("the lock was granted %v after its release, want well under a second (the lease had 10 s to run)", d)
+	}
 }

@@ -36,9 +36,11 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.lost = make(chan event.GenericEvent)
 	stopped := make(chan struct{})
 	r.stopped = stopped
+	r.keyReleases = newShardedReleases(r.Locks.Redis(), r.wake)
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		<-ctx.Done()
 		close(stopped)
+		r.keyReleases.close()
 		return nil
 	})); err != nil {
 		return err

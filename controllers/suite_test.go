@@ -114,6 +114,8 @@ func startManager(t testing.TB, opts ...reconcilerOption) *harness {
 // managerConfig says where a test's manager works.
 type managerConfig struct {
 	redisAddr string
+	// rdb, if set, is the Redis the manager uses instead of redisAddr's.
+	rdb redis.UniversalClient
 	// namespaces, if set, are the only ones the manager watches, so
 	// managers running side by side leave each other's locks alone.
 	namespaces []string
@@ -157,7 +159,10 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: cfg.redisAddr})
+	rdb := cfg.rdb
+	if rdb == nil {
+		rdb = redis.NewClient(&redis.Options{Addr: cfg.redisAddr})
+	}
 	locks := controllers.NewLockClients(rdb, ctrl.Log, nil)
 	metrics, err := controllers.NewMetrics(h.metrics, controllers.MetricsOptions{})
 	if err != nil {

@@ -3,9 +3,13 @@ package controllers
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
 // releaseChannelPattern matches the channels on which a lock's release is
@@ -40,6 +44,84 @@ func (r *DistributedLockReconciler) watchReleases(ctx context.Context) error {
 			log.FromContext(ctx).V(1).Info("lock released in Redis", "key", name)
 			r.wake(name)
 		}
+	}
+}
+
+// shardedReleases listens for the releases of single keys on a Redis
+// Cluster with sharded pub/sub, where a release is SPUBLISHed to its lock's
+// shard only and watchReleases' pattern subscription hears nothing. There
+// the controller subscribes, with SSUBSCRIBE, to the release channel of each
+// key somebody else holds: the only keys whose release it waits for.
+type shardedReleases struct {
+	rdb  *redis.ClusterClient
+	wake func(key string)
+
+	mu   sync.Mutex
+	subs map[string]*redis.PubSub // by key
+}
+
+// newShardedReleases returns the per-key listener rdb needs, or nil when
+// watchReleases hears every release.
+func newShardedReleases(rdb redis.UniversalClient, wake func(string)) *shardedReleases {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok || !redislock.ShardedPubSub(rdb) {
+		return nil
+	}
+	return &shardedReleases{rdb: cc, wake: wake, subs: map[string]*redis.PubSub{}}
+}
+
+// watch listens for the key's release, if it does not already. The
+// subscription is made before watch returns, so a release published after
+// the reconcile that asked for it is heard.
+func (w *shardedReleases) watch(ctx context.Context, key string) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.subs[key] != nil {
+		return
+	}
+	channel := strings.TrimSuffix(releaseChannelPattern, "*") + "{" + key + "}"
+	ps := w.rdb.SSubscribe(ctx)
+	// The SSUBSCRIBE opens the connection, on the master of the channel's
+	// slot, before anything receives on it (see redislock's subscriptions).
+	if err := ps.SSubscribe(ctx, channel); err != nil {
+		_ = ps.Close()
+		log.FromContext(ctx).Error(err, "cannot listen for a key's release; it is polled", "key", key)
+		return
+	}
+	w.subs[key] = ps
+	go func() {
+		for range ps.Channel() {
+			w.wake(key)
+		}
+	}()
+}
+
+// unwatch stops listening for the key's release.
+func (w *shardedReleases) unwatch(key string) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ps := w.subs[key]; ps != nil {
+		_ = ps.Close()
+		delete(w.subs, key)
+	}
+}
+
+// close stops every subscription.
+func (w *shardedReleases) close() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for key, ps := range w.subs {
+		_ = ps.Close()
+		delete(w.subs, key)
 	}
 }
 

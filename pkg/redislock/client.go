@@ -177,7 +177,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	sharded := sharded(rdb)
+	sharded := ShardedPubSub(rdb)
 	if err := checkPermissions(rdb, opts.ID, sharded); err != nil {
 		return nil, err
 	}

@@ -73,11 +73,15 @@ type pubsubConn struct {
 	closed bool // guarded by waiting.mu
 }
 
-// sharded reports whether rdb's scripts publish with SPUBLISH and its
-// clients listen with SSUBSCRIBE: a Cluster whose nodes know the commands.
-// The probe is an SPUBLISH to a channel nobody listens on; if Redis cannot
-// be reached, a Cluster is taken to have them (Redis 7 and later).
-func sharded(rdb redis.UniversalClient) bool {
+// ShardedPubSub reports whether Clients on rdb publish a lock's release
+// message and notices with SPUBLISH, and listen with SSUBSCRIBE: on a
+// Cluster whose nodes know the commands (Redis 7 and later), as Redisson
+// does there. Anyone else listening for releases must then SSUBSCRIBE to
+// each lock's release channel, "redisson_lock__channel:{<name>}": a pattern
+// subscription hears nothing sharded. The probe is an SPUBLISH to a channel
+// nobody listens on; if Redis cannot be reached, a Cluster is taken to have
+// them.
+func ShardedPubSub(rdb redis.UniversalClient) bool {
 	cc, ok := rdb.(*redis.ClusterClient)
 	if !ok {
 		return false
