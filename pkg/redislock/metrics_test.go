@@ -64,7 +64,10 @@ func TestOneRenewalLoop(t *testing.T) {
 	rdb.Ping(ctx) // open the pool's connection before counting
 	before := settledGoroutines()
 	baseline := goleak.IgnoreCurrent()
-	c, err := redislock.New(rdb, redislock.Options{WatchdogLease: 300 * time.Millisecond})
+	// A lease long enough that a loaded machine's scheduling delays do not
+	// end it, but shorter than the wait below, so every lock still held
+	// after the wait was renewed.
+	c, err := redislock.New(rdb, redislock.Options{WatchdogLease: 1500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +76,7 @@ func TestOneRenewalLoop(t *testing.T) {
 		m := newMutex(t, c, fmt.Sprintf("%s-%d", lockName(t), i), nil)
 		holds = append(holds, mustLock(t, ctx, m))
 	}
-	time.Sleep(400 * time.Millisecond) // renewals happen
+	time.Sleep(2 * time.Second) // past the lease: only renewals keep the locks
 	if extra := settledGoroutines() - before; extra != 1 {
 		t.Errorf("%d goroutines for 500 held locks; want 1, the renewal loop", extra)
 	}
