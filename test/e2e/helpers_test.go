@@ -122,8 +122,8 @@ func parseStamp(t testing.TB, s string) time.Time {
 	return ts
 }
 
-// assertNoOverlap fails the test if two of the runs overlap, and returns
-// them for further checks.
+// assertNoOverlap logs the runs of the pods with label in ns, fails the
+// test if two of them overlap, and returns them for further checks.
 func assertNoOverlap(t testing.TB, ns, label string) []interval {
 	t.Helper()
 	runs := pods.runs(t, ns, label)
@@ -136,6 +136,14 @@ func assertNoOverlap(t testing.TB, ns, label string) []interval {
 		desc = append(desc, fmt.Sprintf("%s %s-%s", iv.pod, iv.start.Format("15:04:05.000"), end))
 	}
 	t.Logf("runs: %s", strings.Join(desc, ", "))
+	checkNoOverlap(t, runs)
+	return runs
+}
+
+// checkNoOverlap fails the test if two of the runs, sorted by start,
+// overlap.
+func checkNoOverlap(t testing.TB, runs []interval) {
+	t.Helper()
 	for i := 1; i < len(runs); i++ {
 		prev, cur := runs[i-1], runs[i]
 		if prev.end.IsZero() || cur.start.Before(prev.end) {
@@ -143,7 +151,6 @@ func assertNoOverlap(t testing.TB, ns, label string) []interval {
 				cur.pod, cur.start.Format(time.RFC3339Nano), prev.pod, prev.end.Format(time.RFC3339Nano))
 		}
 	}
-	return runs
 }
 
 // lockName is the name of the DistributedLock in each test's namespace, and
@@ -167,10 +174,9 @@ func guardedTemplate(label string, runFor time.Duration, grace int64) corev1.Pod
 	}
 }
 
-// newLock creates a namespace with its default ServiceAccount and a
-// DistributedLock there whose candidates carry label; it returns the
-// namespace.
-func newLock(t testing.TB, label string) string {
+// newNamespace creates a namespace and waits for its default
+// ServiceAccount; it returns the namespace.
+func newNamespace(t testing.TB) string {
 	t.Helper()
 	ctx := context.Background()
 	ns, err := clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}, metav1.CreateOptions{})
@@ -180,17 +186,25 @@ func newLock(t testing.TB, label string) string {
 	if err := plane.WaitForServiceAccount(ctx, clientset, ns.Name); err != nil {
 		t.Fatal(err)
 	}
+	return ns.Name
+}
+
+// newLock creates a namespace and a DistributedLock there whose candidates
+// carry label; it returns the namespace.
+func newLock(t testing.TB, label string) string {
+	t.Helper()
+	ns := newNamespace(t)
 	lock := &locksv1.DistributedLock{
-		ObjectMeta: metav1.ObjectMeta{Name: lockName, Namespace: ns.Name},
+		ObjectMeta: metav1.ObjectMeta{Name: lockName, Namespace: ns},
 		Spec: locksv1.DistributedLockSpec{
 			LeaseDuration: &metav1.Duration{Duration: 5 * time.Second},
 			Candidates:    locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{label: "yes"}},
 		},
 	}
-	if err := k8s.Create(ctx, lock); err != nil {
+	if err := k8s.Create(context.Background(), lock); err != nil {
 		t.Fatal(err)
 	}
-	return ns.Name
+	return ns
 }
 
 func createJob(t testing.TB, ns, name string, spec batchv1.JobSpec) *batchv1.Job {
