@@ -127,6 +127,13 @@ func parseStamp(t testing.TB, s string) time.Time {
 func assertNoOverlap(t testing.TB, ns, label string) []interval {
 	t.Helper()
 	runs := pods.runs(t, ns, label)
+	t.Logf("runs: %s", describeRuns(runs))
+	checkNoOverlap(t, runs)
+	return runs
+}
+
+// describeRuns lists the runs as "pod start-end", to the millisecond.
+func describeRuns(runs []interval) string {
 	var desc []string
 	for _, iv := range runs {
 		end := "running"
@@ -135,9 +142,7 @@ func assertNoOverlap(t testing.TB, ns, label string) []interval {
 		}
 		desc = append(desc, fmt.Sprintf("%s %s-%s", iv.pod, iv.start.Format("15:04:05.000"), end))
 	}
-	t.Logf("runs: %s", strings.Join(desc, ", "))
-	checkNoOverlap(t, runs)
-	return runs
+	return strings.Join(desc, ", ")
 }
 
 // checkNoOverlap fails the test if two of the runs, sorted by start,
