@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -96,8 +97,10 @@ func TestLostNodeKeepsTheLock(t *testing.T) {
 	createJob(t, ns, "barrier", jobSpec(guarded, time.Second))
 	lock := &locksv1.DistributedLock{}
 	eventually(t, 30*time.Second, "the lock's status listing both waiting pods", func() (bool, error) {
-		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: lockName}, lock)
-		return err == nil && len(lock.Status.Waiting) == 2, err
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: lockName}, lock); err != nil {
+			return false, err
+		}
+		return len(lock.Status.Waiting) == 2, fmt.Errorf("status: waiting %v, holder %+v", lock.Status.Waiting, lock.Status.Holder)
 	})
 	if h := lock.Status.Holder; h == nil || h.PodName != holder.Name {
 		t.Fatalf("holder in status %+v, want the pod on the lost node, %s", h, holder.Name)
