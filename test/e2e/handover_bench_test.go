@@ -45,7 +45,8 @@ const handOverRun = 300 * time.Millisecond
 //     API server's answer to its running stamp (the scheduler and kwok,
 //     which every hand-over above includes).
 //
-// Every row is also checked for overlapping runs.
+// Every row but the floor, whose lone pods run on, is also checked for
+// overlapping runs.
 func BenchmarkHandOver(b *testing.B) {
 	for range b.N {
 		rows := []struct {
