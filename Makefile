@@ -79,9 +79,11 @@ soak: test-deps ## Run the fault soak longer than `make test` does: SOAK_ACQUISI
 	LOCKWARDEN_SOAK_ACQUISITIONS=$(SOAK_ACQUISITIONS) $(GO) test -race -count=1 -timeout 12h -run '^TestSoak$$' -v ./pkg/redislock/
 
 .PHONY: bench
-bench: test-deps ## Print the benchmark tables: the library against redsync and bsm/redislock, the watchdog at 1k-100k locks, the controller at scale, and failover against client-go's election.
+# -p 1: one package's benchmark at a time, so that none shares the two
+# cores with another's control plane.
+bench: test-deps ## Print the benchmark tables: the library against redsync and bsm/redislock, the watchdog at 1k-100k locks, the controller at scale, failover against client-go's election, and the hand-over on the local control plane.
 	cd bench && $(GO) run ./cmd/lockbench $(BENCH_FLAGS)
-	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./controllers/ ./internal/failover/
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -p 1 -count=1 -run '^$$' -bench . -benchtime 1x ./controllers/ ./internal/failover/ ./test/e2e/
 
 ##@ Build
 

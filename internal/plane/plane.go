@@ -237,7 +237,7 @@ func Start(ctx context.Context, opts Options) (_ *Plane, err error) {
 	if err := createNodes(ctx, clientset); err != nil {
 		return nil, err
 	}
-	if err := waitNodesReady(ctx, clientset); err != nil {
+	if err := waitNodesReady(ctx, clientset, NodeNames...); err != nil {
 		return nil, err
 	}
 	if err := WaitForServiceAccount(ctx, clientset, metav1.NamespaceDefault); err != nil {
@@ -412,26 +412,30 @@ func repoRoot() (string, error) {
 // createNodes creates the fake nodes, annotated for kwok to manage.
 func createNodes(ctx context.Context, clientset kubernetes.Interface) error {
 	for _, name := range NodeNames {
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-			Name:        name,
-			Annotations: map[string]string{kwokNodeAnnotation: "fake"},
-			Labels: map[string]string{
-				"kubernetes.io/hostname": name,
-				"kubernetes.io/os":       "linux",
-				"kubernetes.io/arch":     "amd64",
-				"type":                   "kwok",
-			},
-		}}
-		if _, err := clientset.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		if _, err := clientset.CoreV1().Nodes().Create(ctx, fakeNode(name), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create node %s: %w", name, err)
 		}
 	}
 	return nil
 }
 
-func waitNodesReady(ctx context.Context, clientset kubernetes.Interface) error {
-	return poll(ctx, 60*time.Second, "both fake nodes Ready", func() (bool, error) {
-		for _, name := range NodeNames {
+// fakeNode is a Node object that kwok manages.
+func fakeNode(name string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name:        name,
+		Annotations: map[string]string{kwokNodeAnnotation: "fake"},
+		Labels: map[string]string{
+			"kubernetes.io/hostname": name,
+			"kubernetes.io/os":       "linux",
+			"kubernetes.io/arch":     "amd64",
+			"type":                   "kwok",
+		},
+	}}
+}
+
+func waitNodesReady(ctx context.Context, clientset kubernetes.Interface, names ...string) error {
+	return poll(ctx, 60*time.Second, "fake nodes Ready", func() (bool, error) {
+		for _, name := range names {
 			node, err := clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err
