@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,6 +150,11 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 		Cache:                  cacheOpts,
 		// Several managers run in one test process, one after another.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		// Under a machine's full load (the race detector, and other suites
+		// beside this one) a stop once took longer than the default 30 s.
+		// A stop that takes longer than this is reported with every
+		// goroutine's stack (see h.stop).
+		GracefulShutdownTimeout: ptr.To(2 * time.Minute),
 		NewClient: func(cfg *rest.Config, opts client.Options) (client.Client, error) {
 			c, err := client.NewWithWatch(cfg, opts)
 			if err != nil {
@@ -194,7 +201,9 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 		}
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
+			var buf strings.Builder
+			_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
+			t.Errorf("manager: %v\ngoroutines:\n%s", err, buf.String())
 		}
 		locks.Close()
 		_ = rdb.Close()
