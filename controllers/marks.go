@@ -23,8 +23,16 @@ import (
 func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) error {
 	holderPod := s.holderPod()
 	for _, pod := range s.pods {
+		locks := s.locksIn(pod.Namespace)
+		// A pod that is not the holder only ever loses marks, so one that
+		// carries none of these locks' has nothing to write: most pods of a
+		// namespace are no lock's, and need not be copied.
+		if (holderPod == nil || pod.UID != holderPod.UID) &&
+			!slices.ContainsFunc(locks, func(l *locksv1.DistributedLock) bool { return carriesMarks(pod, l.Name) }) {
+			continue
+		}
 		want := pod.DeepCopy()
-		for _, l := range s.locksIn(pod.Namespace) {
+		for _, l := range locks {
 			switch {
 			case holderPod != nil && pod.UID == holderPod.UID && !stopped(pod) &&
 				(selects(l, pod) || hasGate(pod, locksv1.GateFor(l.Name)) || markedBy(pod, l.Name)):
@@ -82,6 +90,20 @@ func setMarks(pod *corev1.Pod, lock, owner string, token int64) {
 	pod.Labels[locksv1.HolderLabelFor(lock)] = "true"
 	pod.Annotations[locksv1.OwnerAnnotationPrefix+lock] = owner
 	pod.Annotations[locksv1.TokenAnnotationPrefix+lock] = t
+}
+
+// carriesMarks reports whether the pod has any of the lock's marks that
+// clearMarks removes.
+func carriesMarks(pod *corev1.Pod, lock string) bool {
+	if _, ok := pod.Labels[locksv1.HolderLabelFor(lock)]; ok {
+		return true
+	}
+	for _, prefix := range []string{locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix} {
+		if _, ok := pod.Annotations[prefix+lock]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 func clearMarks(pod *corev1.Pod, lock string) {

@@ -107,8 +107,15 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	for ns := range namespaces {
+		// The cache's own objects, not copies: a namespace may hold
+		// thousands of pods, and deep-copying each on every reconcile of
+		// every key there made the reconcile's cost and garbage grow with
+		// the namespace (issue 15). The scope only reads its pods; every
+		// write starts from a DeepCopy of the one pod it changes (markPods).
+		// The items are shallow copies, so their maps and slices must never
+		// be written to.
 		var pods corev1.PodList
-		if err := r.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		if err := r.List(ctx, &pods, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, err
 		}
 		for i := range pods.Items {
