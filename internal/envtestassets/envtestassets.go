@@ -20,6 +20,12 @@ func Dir(ctx context.Context, root string, progress io.Writer) (string, error) {
 	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
 		return dir, nil
 	}
+	// The script's path is resolved against cmd.Dir, so a relative root
+	// (a test's "..") must be made absolute first.
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return "", err
+	}
 	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "setup-envtest.sh"))
 	cmd.Dir = root
 	cmd.Stderr = progress
