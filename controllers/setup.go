@@ -4,6 +4,7 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -63,7 +64,13 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WatchesRawSource(source.Channel(r.lost, &handler.EnqueueRequestForObject{})).
 		Named("distributedlock").
 		// Keys are independent; reconciles of one key are serialised.
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
+		// controller-runtime's priority queue (v0.24.1) can deadlock on
+		// stop: a worker that left on shutdown still counts as waiting, so
+		// the queue blocks handing it an item while holding the lock the
+		// other workers' Done needs, and the manager never stops (seen in
+		// TestUnsharingAKeyKeepsARunningGrant's goroutine dump). The plain
+		// workqueue has no such state.
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers, UsePriorityQueue: ptr.To(false)}).
 		Complete(r)
 }
 
