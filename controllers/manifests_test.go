@@ -1,10 +1,7 @@
 package controllers_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,8 +13,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/lockwarden/lockwarden/internal/manifests"
 )
 
 // TestInstallManifests builds config/default with kustomize, checks what
@@ -99,20 +97,11 @@ func kustomizeBuild(t *testing.T, dir string) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
-	var objects []*unstructured.Unstructured
-	decoder := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := decoder.Decode(&obj.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return objects
-			}
-			t.Fatal(err)
-		}
-		if len(obj.Object) > 0 {
-			objects = append(objects, obj)
-		}
+	objects, err := manifests.Decode(out)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return objects
 }
 
 func fromUnstructured(t *testing.T, obj *unstructured.Unstructured, into any) {

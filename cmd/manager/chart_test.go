@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,7 +16,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/lockwarden/lockwarden/internal/manifests"
 )
 
 // chartDir is the Helm chart, in kubebuilder's helm plugin layout.
@@ -169,20 +169,11 @@ func sortedKeys(m map[string]*unstructured.Unstructured) []string {
 func helmTemplate(t *testing.T, args ...string) []*unstructured.Unstructured {
 	t.Helper()
 	out := helm(t, append([]string{"template", "lockwarden", chartDir, "--namespace", "lockwarden-system"}, args...)...)
-	var objects []*unstructured.Unstructured
-	decoder := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := decoder.Decode(&obj.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return objects
-			}
-			t.Fatal(err)
-		}
-		if len(obj.Object) > 0 {
-			objects = append(objects, obj)
-		}
+	objects, err := manifests.Decode(out)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return objects
 }
 
 // helm runs bin/helm (built by `make helm` if missing) and returns its
