@@ -146,6 +146,10 @@ func TestRunLockLost(t *testing.T) {
 		}
 	}
 	stopRedis := func(_ *testing.T, f *fixture, _ string) { f.srv.Stop() }
+	// A shell that traps SIGTERM runs its trap only once its foreground
+	// child ends, and a signal that reaches a child between fork and exec
+	// can be lost, so scripts that trap sleep in short steps: a long sleep
+	// made these tests wait out the grace period about one run in four.
 	for _, tc := range []struct {
 		name   string
 		script string // runs after CMD printed a line
@@ -155,7 +159,7 @@ func TestRunLockLost(t *testing.T) {
 		killed bool // whether CMD needs SIGKILL
 	}{
 		{"SIGTERM", "sleep 30", forceRelease, exitLockLost, redislock.ErrNotOwner, false},
-		{"exit on SIGTERM", "trap 'exit 3' TERM; sleep 30", forceRelease, 3, redislock.ErrNotOwner, false},
+		{"exit on SIGTERM", "trap 'exit 3' TERM; while :; do sleep 0.1; done", forceRelease, 3, redislock.ErrNotOwner, false},
 		{"SIGKILL after grace", "trap '' TERM; sleep 30", forceRelease, exitLockLost, redislock.ErrNotOwner, true},
 		{"Redis stopped", "sleep 30", stopRedis, exitLockLost, redislock.ErrLeaseLost, false},
 	} {
@@ -182,7 +186,8 @@ func TestRunSignals(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
 		const name = "signalled"
-		p := f.start(t, "run", "--lock", name, "--", "sh", "-c", "trap 'exit 5' TERM; echo started; sleep 30")
+		// Short sleeps, so the trap is sure to run: see TestRunLockLost.
+		p := f.start(t, "run", "--lock", name, "--", "sh", "-c", "trap 'exit 5' TERM; echo started; while :; do sleep 0.1; done")
 		p.line(t)
 		if !f.heldByPod(f.inspect(t, name)) {
 			t.Fatal("lock not held while CMD runs")
