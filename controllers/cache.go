@@ -18,13 +18,21 @@ import (
 )
 
 // CacheOptions are the manager's cache settings for this controller. It
-// watches every pod of the cluster, so each is kept stripped to the fields
+// watches the pods of the cluster, so each is kept stripped to the fields
 // the controller reads (see stripPod), and no object keeps its
 // managedFields. The manager and the tests start their cache with these.
-func CacheOptions() cache.Options {
+//
+// pods, if not nil, is the opt-in filter of the manager's
+// --pod-label-selector: only the pods it selects are watched and cached, so
+// the manager's memory follows the pods that take part in locks, not every
+// pod of the cluster. The controller then never sees any other pod: a pod a
+// lock selects or gates must carry the label to be granted anything, and
+// an in-pod client's hold is released when its pod stops only if its pod
+// carries it too.
+func CacheOptions(pods labels.Selector) cache.Options {
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
-		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: stripPod}},
+		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: pods, Transform: stripPod}},
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -105,15 +107,18 @@ func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod 
 
 // confirmNoGrantOut reads the pods from the API server and fails if one has
 // a grant of the key and has not stopped, which the cache did not show yet.
+// The controller writes a grant's owner annotation and holder label in one
+// patch, so the pods carrying a holder label of the scope's locks are the
+// ones to read, and the API server selects them.
 func (r *DistributedLockReconciler) confirmNoGrantOut(ctx context.Context, s *scope) error {
-	seen := map[string]bool{}
 	for _, l := range s.locks {
-		if seen[l.Namespace] {
-			continue
+		marked, err := labels.NewRequirement(locksv1.HolderLabelFor(l.Name), selection.Exists, nil)
+		if err != nil {
+			return err
 		}
-		seen[l.Namespace] = true
 		var pods corev1.PodList
-		if err := r.APIReader.List(ctx, &pods, client.InNamespace(l.Namespace)); err != nil {
+		if err := r.APIReader.List(ctx, &pods, client.InNamespace(l.Namespace),
+			client.MatchingLabelsSelector{Selector: labels.NewSelector().Add(*marked)}); err != nil {
 			return err
 		}
 		for i := range pods.Items {

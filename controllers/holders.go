@@ -241,10 +241,6 @@ func redactLoss(err error) string {
 // to pods of its namespace that no other lock there selects, gates or
 // marks, and removes its marks. In-pod clients' holds are the pods' own.
 func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scope, lock *locksv1.DistributedLock) error {
-	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(lock.Namespace)); err != nil {
-		return err
-	}
 	remaining := s.locksIn(lock.Namespace)
 	claimed := func(p *corev1.Pod) bool {
 		for _, l := range remaining {
@@ -258,11 +254,12 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		if !h.byController() {
 			continue
 		}
-		var pod *corev1.Pod
-		for i := range pods.Items {
-			if pods.Items[i].UID == h.podUID {
-				pod = &pods.Items[i]
-			}
+		pod, err := r.podByUID(ctx, h.podUID)
+		if err != nil {
+			return err
+		}
+		if pod != nil && pod.Namespace != lock.Namespace {
+			pod = nil
 		}
 		ours := pod != nil && !claimed(pod)
 		gone := pod == nil && lock.Status.Holder != nil && lock.Status.Holder.PodUID == string(h.podUID)
@@ -282,8 +279,14 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		r.Recorder.Eventf(lock, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", s.key, name)
 		r.Metrics.transition(lock, "released")
 	}
-	for i := range pods.Items {
-		p := &pods.Items[i]
+	marked, err := r.podsOf(ctx, lock)
+	if err != nil {
+		return err
+	}
+	for _, p := range marked {
+		if !carriesMarks(p, lock.Name) {
+			continue
+		}
 		want := p.DeepCopy()
 		clearMarks(want, lock.Name)
 		if err := r.patchPod(ctx, p, want); err != nil {

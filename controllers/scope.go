@@ -35,11 +35,16 @@ type scope struct {
 	client *redislock.Client
 	terms  leaseTerms
 
-	// pods are the pods of the locks' and the revoked locks' namespaces;
-	// nothing outside them is ever shown, released or written, and the
-	// revoked locks' pods are never shown or written.
-	pods  []*corev1.Pod
-	byUID map[types.UID]*corev1.Pod
+	// pods are the pods the key concerns: those its locks and revoked locks
+	// select, or whose gates or marks of them they carry (podsOf), and those
+	// of the locks' namespaces behind an owner or waiter Redis shows. Pods of
+	// other namespaces are never shown, released or written, and the revoked
+	// locks' pods are never shown or written. They are the cache's own
+	// objects, never written to.
+	pods       []*corev1.Pod
+	byUID      map[types.UID]*corev1.Pod
+	namespaces map[string]bool
+	podByUID   func(context.Context, types.UID) (*corev1.Pod, error)
 	// candidates are the pods some lock in mode Grant selects, oldest
 	// first: the one waiting order every such lock naming the key shares.
 	candidates []*corev1.Pod
@@ -84,18 +89,20 @@ var ownerPattern = regexp.MustCompile(`^[^:\s]+:[0-9]+$`)
 
 // loadScope reads the locks naming the key, their pods and Redis.
 func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (*scope, error) {
-	s := &scope{key: key, byUID: map[types.UID]*corev1.Pod{}, before: map[types.NamespacedName]*locksv1.DistributedLock{}}
+	s := &scope{
+		key: key, byUID: map[types.UID]*corev1.Pod{}, before: map[types.NamespacedName]*locksv1.DistributedLock{},
+		namespaces: map[string]bool{}, podByUID: r.podByUID,
+	}
 	var list locksv1.DistributedLockList
 	if err := r.List(ctx, &list, client.MatchingFields{keyIndex: key}); err != nil {
 		return nil, err
 	}
-	namespaces := map[string]bool{}
 	for i := range list.Items {
 		l := &list.Items[i]
 		if !l.DeletionTimestamp.IsZero() {
 			continue
 		}
-		namespaces[l.Namespace] = true
+		s.namespaces[l.Namespace] = true
 		if !r.Keys.Permits(l.Namespace, key) {
 			s.revoked = append(s.revoked, l)
 			continue
@@ -106,22 +113,13 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	slices.SortFunc(s.locks, func(a, b *locksv1.DistributedLock) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
-	for ns := range namespaces {
-		// The cache's own objects, not copies: a namespace may hold
-		// thousands of pods, and deep-copying each on every reconcile of
-		// every key there made the reconcile's cost and garbage grow with
-		// the namespace (issue 15). The scope only reads its pods; every
-		// write starts from a DeepCopy of the one pod it changes (markPods).
-		// The items are shallow copies, so their maps and slices must never
-		// be written to.
-		var pods corev1.PodList
-		if err := r.List(ctx, &pods, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+	for _, l := range append(slices.Clip(s.locks), s.revoked...) {
+		pods, err := r.podsOf(ctx, l)
+		if err != nil {
 			return nil, err
 		}
-		for i := range pods.Items {
-			p := &pods.Items[i]
-			s.pods = append(s.pods, p)
-			s.byUID[p.UID] = p
+		for _, p := range pods {
+			s.addPod(p)
 		}
 	}
 	for _, p := range s.pods {
@@ -175,9 +173,42 @@ func (s *scope) readRedis(ctx context.Context) error {
 			return nil
 		}
 		uid := types.UID(owner[:strings.LastIndexByte(owner, ':')])
-		s.holders = append(s.holders, holder{owner: h.Owner, podUID: uid, pod: s.byUID[uid]})
+		pod, err := s.ownerPod(ctx, uid)
+		if err != nil {
+			return err
+		}
+		s.holders = append(s.holders, holder{owner: h.Owner, podUID: uid, pod: pod})
+	}
+	for _, w := range info.Waiters {
+		if i := strings.LastIndexByte(string(w), ':'); i > 0 {
+			if _, err := s.ownerPod(ctx, types.UID(w[:i])); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// addPod adds a pod to the scope, once.
+func (s *scope) addPod(p *corev1.Pod) {
+	if s.byUID[p.UID] == nil {
+		s.pods = append(s.pods, p)
+		s.byUID[p.UID] = p
+	}
+}
+
+// ownerPod is the pod of the scope's namespaces with the UID an owner ID in
+// Redis starts with, or nil: it is added to the scope if it was not in it.
+func (s *scope) ownerPod(ctx context.Context, uid types.UID) (*corev1.Pod, error) {
+	if p := s.byUID[uid]; p != nil {
+		return p, nil
+	}
+	p, err := s.podByUID(ctx, uid)
+	if err != nil || p == nil || !s.namespaces[p.Namespace] {
+		return nil, err
+	}
+	s.addPod(p)
+	return p, nil
 }
 
 // markNotALock shows that the key holds something else, and nothing of it.

@@ -54,6 +54,9 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
+	if err := indexPods(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
 	workers := r.MaxConcurrentReconciles
 	if workers == 0 {
 		workers = DefaultMaxConcurrentReconciles

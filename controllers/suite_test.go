@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -124,12 +125,14 @@ type managerConfig struct {
 	// observe, if not nil, sees every object the controller wrote, after
 	// the write.
 	observe func(client.Object)
+	// pods, if set, is the pod cache's filter (--pod-label-selector).
+	pods labels.Selector
 }
 
 func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *harness {
 	t.Helper()
 	observe := cfg.observe
-	cacheOpts := controllers.CacheOptions()
+	cacheOpts := controllers.CacheOptions(cfg.pods)
 	if len(cfg.namespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
 		for _, ns := range cfg.namespaces {

@@ -90,6 +90,7 @@ func TestChartValues(t *testing.T) {
 		"--set", "manager.replicas=1",
 		"--set", "manager.maxConcurrentReconciles=8",
 		"--set", "manager.sharedKeys={nightly=a\\,b}",
+		"--set", "manager.podLabelSelector=lockwarden.dev/candidate=true",
 		"--set", "manager.image.repository=registry.example/lockwarden",
 		"--set", "manager.image.tag=v1.2.3",
 		"--set", "redis.secretName=my-redis",
@@ -125,6 +126,9 @@ func TestChartValues(t *testing.T) {
 	}
 	if !o.keys.Permits("b", "nightly") || o.keys.Permits("c", "nightly") {
 		t.Errorf("--shared-key not applied: %v", c.Args)
+	}
+	if sel, err := o.pods(); err != nil || sel.String() != "lockwarden.dev/candidate=true" {
+		t.Errorf("--pod-label-selector not applied: %v (%v)", c.Args, err)
 	}
 }
 

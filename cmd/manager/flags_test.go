@@ -145,3 +145,21 @@ func TestMaxConcurrentReconciles(t *testing.T) {
 		t.Fatalf("exit code %d, output:\n%s", code, out)
 	}
 }
+
+func TestPodLabelSelector(t *testing.T) {
+	if sel, err := parseFlags(t).pods(); sel != nil || err != nil {
+		t.Fatalf("default: %v, %v; want every pod", sel, err)
+	}
+	sel, err := parseFlags(t, "--pod-label-selector=lockwarden.dev/candidate=true,tier!=web").pods()
+	if err != nil || sel.String() != "lockwarden.dev/candidate=true,tier!=web" {
+		t.Fatalf("selector %v, %v", sel, err)
+	}
+	err = parseFlags(t, "--pod-label-selector=a==b==c").validate()
+	if err == nil || !strings.Contains(err.Error(), `--pod-label-selector "a==b==c" is not a label selector`) {
+		t.Fatalf("error %v", err)
+	}
+	out, code := runManagerCode(t, []string{"REDIS_URL=redis://127.0.0.1:1/0"}, "--pod-label-selector=a==b==c")
+	if code != 2 || !strings.Contains(out, "is not a label selector") {
+		t.Fatalf("exit code %d, output:\n%s", code, out)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -76,6 +77,8 @@ type options struct {
 	lease, renew, retry time.Duration
 
 	maxConcurrentReconciles int
+	podLabelSelector        string
+	pprofAddr               string
 
 	redisCfg           redisconn.Config
 	sentinels, cluster string
@@ -103,6 +106,8 @@ func bindFlags(fs *flag.FlagSet) *options {
 	fs.DurationVar(&o.renew, "leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew the Lease before it gives up leading; below the lease duration.")
 	fs.DurationVar(&o.retry, "leader-elect-retry-period", 2*time.Second, "How often candidates try to take or renew the Lease; below the renew deadline / 1.2.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles, "How many keys the controller settles at once; reconciles of one key never overlap.")
+	fs.StringVar(&o.podLabelSelector, "pod-label-selector", "", "Watch and cache only the pods with these labels (a label selector, such as lockwarden.dev/candidate=true), so memory follows the pods that take part in locks rather than every pod of the cluster. Every pod a lock selects or gates must then carry them: the controller sees no other pod. Empty: every pod.")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "Address to serve Go's pprof profiles on, such as 127.0.0.1:6060; empty turns it off.")
 	fs.StringVar(&o.sentinels, "redis-sentinel-addrs", "", "Comma-separated Sentinel addresses, instead of $REDIS_URL.")
 	fs.StringVar(&o.redisCfg.SentinelMaster, "redis-sentinel-master", "", "The master name the Sentinels watch.")
 	fs.StringVar(&o.cluster, "redis-cluster-addrs", "", "Comma-separated Redis Cluster node addresses, instead of $REDIS_URL.")
@@ -118,7 +123,26 @@ func (o *options) validate() error {
 	if o.maxConcurrentReconciles <= 0 {
 		return fmt.Errorf("--max-concurrent-reconciles (%d) must be above 0", o.maxConcurrentReconciles)
 	}
+	if _, err := o.pods(); err != nil {
+		return err
+	}
 	return checkLeaderElection(o.lease, o.renew, o.retry)
+}
+
+// pods is the pod cache's filter from --pod-label-selector, nil for every
+// pod.
+func (o *options) pods() (labels.Selector, error) {
+	if o.podLabelSelector == "" {
+		return nil, nil
+	}
+	sel, err := labels.Parse(o.podLabelSelector)
+	if err != nil {
+		return nil, fmt.Errorf("--pod-label-selector %q is not a label selector: %w", o.podLabelSelector, err)
+	}
+	if sel.Empty() {
+		return nil, nil
+	}
+	return sel, nil
 }
 
 // metricsServer is the metrics server's configuration. Secure, it serves
@@ -174,12 +198,18 @@ func main() {
 	defer rdb.Close()
 	log.Info("using Redis", "target", redisCfg.Target())
 
+	if limit, ok := setMemoryLimit(os.Getenv, cgroupMemoryFiles); ok {
+		log.Info("set the Go memory limit below the container's", "GOMEMLIMIT", limit)
+	}
+	pods, _ := o.pods() // validated above
+
 	scheme := runtime.NewScheme()
 	must(clientgoscheme.AddToScheme(scheme))
 	must(locksv1.AddToScheme(scheme))
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                        scheme,
-		Cache:                         controllers.CacheOptions(),
+		Cache:                         controllers.CacheOptions(pods),
+		PprofBindAddress:              o.pprofAddr,
 		Metrics:                       o.metricsServer(),
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,

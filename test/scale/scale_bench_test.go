@@ -55,7 +55,20 @@ type config struct {
 	samples    int // locks handed over for the hand-over latencies
 	lease      time.Duration
 	reconcile  int // --max-concurrent-reconciles; 0 leaves the manager's default
+	// podFilter runs the manager with --pod-label-selector=candidateLabel,
+	// which only the candidate pods carry, so it caches none of the others.
+	podFilter bool
+	// memLimit is the manager's GOMEMLIMIT, "" for none. In a container the
+	// manager sets it itself, to 90% of the container's limit (256 MiB in
+	// config/manager): 230 MiB.
+	memLimit string
+	// profiles, if set, is where the manager's heap profile (at the end)
+	// and CPU profile (30 s while granting) are written.
+	profiles string
 }
+
+// candidateLabel is the label the candidate pods opt in with.
+const candidateLabel = "lockwarden.dev/candidate"
 
 const candidatesPerLock = 3
 
@@ -68,7 +81,13 @@ func configFromEnv(b *testing.B) config {
 		churn:      envInt(b, "LOCKWARDEN_SCALE_CHURN", 100),
 		samples:    envInt(b, "LOCKWARDEN_SCALE_HANDOVERS", 200),
 		reconcile:  envInt(b, "LOCKWARDEN_SCALE_RECONCILERS", 0),
+		podFilter:  envInt(b, "LOCKWARDEN_SCALE_POD_FILTER", 1) == 1,
+		memLimit:   "230MiB",
+		profiles:   os.Getenv("LOCKWARDEN_SCALE_PROFILES"),
 		lease:      30 * time.Second, // the API's default, renewed every 10 s
+	}
+	if v, ok := os.LookupEnv("LOCKWARDEN_SCALE_GOMEMLIMIT"); ok {
+		c.memLimit = v
 	}
 	if v := os.Getenv("LOCKWARDEN_SCALE_LEASE"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -100,7 +119,12 @@ func envInt(b *testing.B, name string, def int) int {
 // against envtest and redis-server with LOCKWARDEN_SCALE_LOCKS (default
 // 10,000) DistributedLocks of 3 candidate pods each and LOCKWARDEN_SCALE_PODS
 // (default 100,000) other pods, over LOCKWARDEN_SCALE_NAMESPACES (default
-// 100) namespaces. Run it with -benchtime 1x and a long -timeout. It reports:
+// 100) namespaces. The candidate pods carry candidateLabel, and the manager
+// caches only them (--pod-label-selector) unless LOCKWARDEN_SCALE_POD_FILTER
+// is 0. Its GOMEMLIMIT is LOCKWARDEN_SCALE_GOMEMLIMIT (default 230MiB, what
+// it sets itself in a 256 MiB container; empty for none), and
+// LOCKWARDEN_SCALE_PROFILES names a directory for its heap and CPU profiles.
+// Run it with -benchtime 1x and a long -timeout. It reports:
 //   - peak-rss-MiB: the manager's VmHWM; peak-heap-MiB: the most
 //     go_memstats_heap_inuse_bytes seen, sampled every 500 ms;
 //   - grant-all-s: from creating the locks (the manager's cache already
@@ -215,7 +239,7 @@ func runScale(b *testing.B, root, bin string, cfg config) {
 		if candidate {
 			l := i / candidatesPerLock
 			pod = newPod(nsName(l), fmt.Sprintf("%s-%d", lockName(l), i%candidatesPerLock), i, map[string]string{
-				"app": lockName(l), "app.kubernetes.io/part-of": "scale-bench", "role": "singleton",
+				"app": lockName(l), "app.kubernetes.io/part-of": "scale-bench", "role": "singleton", candidateLabel: "true",
 			})
 		} else {
 			o := i - cfg.locks*candidatesPerLock
@@ -254,7 +278,7 @@ func runScale(b *testing.B, root, bin string, cfg config) {
 	if err := k8s.Create(ctx, warm); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := createRunning(ctx, cs, newPod("scale-warmup", "warmup-0", 0, map[string]string{"app": "warmup"}), 0); err != nil {
+	if _, err := createRunning(ctx, cs, newPod("scale-warmup", "warmup-0", 0, map[string]string{"app": "warmup", candidateLabel: "true"}), 0); err != nil {
 		b.Fatal(err)
 	}
 	waitFor(b, 10*time.Minute, "the warm-up lock to be held", func() bool {
@@ -274,6 +298,9 @@ func runScale(b *testing.B, root, bin string, cfg config) {
 	}
 	grantStart := time.Now()
 	before := m.scrape(b)
+	if cfg.profiles != "" {
+		go m.profile("profile?seconds=30", filepath.Join(cfg.profiles, "cpu-granting.pprof"))
+	}
 	parallel(b, cfg.workers, cfg.locks, func(l int) error {
 		return k8s.Create(ctx, newLock(nsName(l), lockName(l), lockName(l), cfg.lease))
 	})
@@ -358,6 +385,9 @@ func runScale(b *testing.B, root, bin string, cfg config) {
 	progress("hand-overs: p50 %v, p90 %v, p99 %v, max %v, %d over %v, %d timeouts", p50, p90, p99, handovers[len(handovers)-1], over, handoverTarget, timeouts)
 
 	final := m.scrape(b)
+	if cfg.profiles != "" {
+		m.profile("heap", filepath.Join(cfg.profiles, "heap-held.pprof"))
+	}
 	sampler.stop()
 	peakRSS := m.hwm(b)
 	peakHeap := sampler.maxHeap.Load()
@@ -378,8 +408,12 @@ func runScale(b *testing.B, root, bin string, cfg config) {
 		return "**not met**"
 	}
 	var t strings.Builder
-	fmt.Fprintf(&t, "\n| %d locks x %d candidates + %d other pods, %d namespaces | measured | target | |\n|---|---|---|---|\n",
-		cfg.locks, candidatesPerLock, cfg.others, cfg.namespaces)
+	filter := "every pod cached"
+	if cfg.podFilter {
+		filter = "--pod-label-selector=" + candidateLabel + "=true"
+	}
+	fmt.Fprintf(&t, "\n| %d locks x %d candidates + %d other pods, %d namespaces; %s; GOMEMLIMIT %q | measured | target | |\n|---|---|---|---|\n",
+		cfg.locks, candidatesPerLock, cfg.others, cfg.namespaces, filter, cfg.memLimit)
 	fmt.Fprintf(&t, "| manager peak RSS (VmHWM) | %.0f MiB | < 256 MiB | %s (%.2f × target) |\n", mib(float64(peakRSS)), met(peakRSS < rssTarget), float64(peakRSS)/rssTarget)
 	fmt.Fprintf(&t, "| manager peak Go heap in use | %.0f MiB | | |\n", mib(float64(peakHeap)))
 	fmt.Fprintf(&t, "| RSS / heap after cache sync, no locks yet | %.0f / %.0f MiB | | |\n", mib(rssSync), mib(afterSync.value("go_memstats_heap_inuse_bytes", nil)))
@@ -612,7 +646,27 @@ type manager struct {
 	done    chan struct{}
 	log     string
 	metrics string
+	pprof   string // the pprof address, if profiling
 	http    *http.Client
+}
+
+// profile writes the manager's /debug/pprof/<what> to file.
+func (m *manager) profile(what, file string) {
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Get("http://" + m.pprof + "/debug/pprof/" + what)
+	if err != nil {
+		progress("profile %s: %v", what, err)
+		return
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(file, data, 0o644)
+	}
+	if err != nil {
+		progress("profile %s: %v", what, err)
+		return
+	}
+	progress("wrote %s", file)
 }
 
 func startManager(b *testing.B, bin string, restCfg *rest.Config, redisAddr string, cfg config) *manager {
@@ -630,6 +684,13 @@ func startManager(b *testing.B, bin string, restCfg *rest.Config, redisAddr stri
 		http: &http.Client{Timeout: 10 * time.Second}}
 	args := []string{"--kubeconfig=" + kubeconfig, "--metrics-bind-address=" + m.metrics, "--metrics-secure=false",
 		"--health-probe-bind-address=" + freeAddr(b)}
+	if cfg.podFilter {
+		args = append(args, "--pod-label-selector="+candidateLabel+"=true")
+	}
+	if cfg.profiles != "" {
+		m.pprof = freeAddr(b)
+		args = append(args, "--pprof-bind-address="+m.pprof)
+	}
 	if cfg.reconcile > 0 {
 		args = append(args, fmt.Sprintf("--max-concurrent-reconciles=%d", cfg.reconcile))
 	}
@@ -639,6 +700,9 @@ func startManager(b *testing.B, bin string, restCfg *rest.Config, redisAddr stri
 	}
 	m.cmd = exec.Command(bin, args...)
 	m.cmd.Env = []string{"HOME=" + dir, "REDIS_URL=redis://" + redisAddr + "/0"}
+	if cfg.memLimit != "" {
+		m.cmd.Env = append(m.cmd.Env, "GOMEMLIMIT="+cfg.memLimit)
+	}
 	m.cmd.Stdout, m.cmd.Stderr = out, out
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := m.cmd.Start(); err != nil {

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+)
+
+// cgroupMemoryFiles are where a container's memory limit is read: cgroup v2,
+// then v1.
+var cgroupMemoryFiles = []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}
+
+// memoryLimitShare is the share of the container's memory limit the Go
+// runtime aims to stay under. Go's collector otherwise lets the heap grow to
+// twice its live size before collecting (GOGC=100), so a manager whose live
+// heap is under half its limit could still be killed for running out of
+// memory; with a soft limit it collects harder instead, and the rest is
+// room for what the runtime does not count (stacks, the OS's pages).
+const memoryLimitShare = 0.9
+
+// setMemoryLimit sets the Go runtime's soft memory limit to
+// memoryLimitShare of the container's, unless GOMEMLIMIT is set (the
+// runtime has then applied it) or no limit is found. It returns the limit
+// set.
+func setMemoryLimit(getenv func(string) string, files []string) (int64, bool) {
+	if getenv("GOMEMLIMIT") != "" {
+		return 0, false
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		limit, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		// "max" (v2), or v1's page-rounded maximum of int64 when unlimited.
+		if err != nil || limit <= 0 || limit >= 1<<62 {
+			return 0, false
+		}
+		soft := int64(float64(limit) * memoryLimitShare)
+		debug.SetMemoryLimit(soft)
+		return soft, true
+	}
+	return 0, false
+}
