@@ -37,11 +37,14 @@ func CacheOptions(pods labels.Selector) cache.Options {
 }
 
 // stripPod keeps what the controller reads of a pod: its identity, labels,
-// annotations and timestamps; its scheduling gates and node; its phase,
-// conditions and container states. The rest, above all the container specs
-// and volumes, is most of a pod's size. The controller only ever writes a
-// pod with a merge patch of its labels, annotations and gates computed
-// between two such stripped copies, so what is dropped is never written.
+// lockwarden's own annotations, and timestamps; its scheduling gates and
+// node; its phase, and of its conditions and container states the types,
+// statuses, reasons and times. The rest, above all the container specs and
+// volumes, other tools' annotations and the status messages, is most of a
+// pod's size. Each kept slice is a fresh copy, so the decoded object is not
+// kept alive behind it. The controller only ever writes a pod with a merge
+// patch of its labels, own annotations and gates computed between two such
+// stripped copies, so what is dropped is never written.
 func stripPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -52,16 +55,42 @@ func stripPod(obj any) (any, error) {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
 			Generation: pod.Generation, CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp,
-			Labels: pod.Labels, Annotations: pod.Annotations,
+			Labels: pod.Labels, Annotations: ownAnnotations(pod.Annotations),
 		},
 		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName, SchedulingGates: pod.Spec.SchedulingGates},
 		Status: corev1.PodStatus{
-			Phase: pod.Status.Phase, Conditions: pod.Status.Conditions,
+			Phase:                 pod.Status.Phase,
+			Conditions:            stripConditions(pod.Status.Conditions),
 			InitContainerStatuses: stripContainerStatuses(pod.Status.InitContainerStatuses),
 			ContainerStatuses:     stripContainerStatuses(pod.Status.ContainerStatuses),
 		},
 	}
 	return stripped, nil
+}
+
+// ownAnnotations are the annotations lockwarden writes, nil if none.
+func ownAnnotations(in map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range in {
+		if isOwnMark(k) {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func stripConditions(in []corev1.PodCondition) []corev1.PodCondition {
+	if in == nil {
+		return nil
+	}
+	out := make([]corev1.PodCondition, len(in))
+	for i, c := range in {
+		out[i] = corev1.PodCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, LastTransitionTime: c.LastTransitionTime}
+	}
+	return out
 }
 
 func stripContainerStatuses(in []corev1.ContainerStatus) []corev1.ContainerStatus {
@@ -70,7 +99,17 @@ func stripContainerStatuses(in []corev1.ContainerStatus) []corev1.ContainerStatu
 	}
 	out := make([]corev1.ContainerStatus, len(in))
 	for i, cs := range in {
-		out[i] = corev1.ContainerStatus{Name: cs.Name, State: cs.State}
+		var state corev1.ContainerState
+		if w := cs.State.Waiting; w != nil {
+			state.Waiting = &corev1.ContainerStateWaiting{Reason: w.Reason}
+		}
+		if r := cs.State.Running; r != nil {
+			state.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
+		}
+		if t := cs.State.Terminated; t != nil {
+			state.Terminated = &corev1.ContainerStateTerminated{ExitCode: t.ExitCode, Reason: t.Reason, FinishedAt: t.FinishedAt}
+		}
+		out[i] = corev1.ContainerStatus{Name: cs.Name, State: state}
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -75,5 +76,61 @@ func TestRedisBackoff(t *testing.T) {
 	}
 	if len(spread) < 10 {
 		t.Fatalf("20 keys failing at once retry at only %d distinct times: no jitter", len(spread))
+	}
+}
+
+// What stripPod drops is never read: every function that reads a pod's
+// status answers the same for a full pod and its stripped copy, and what
+// it keeps of the metadata is what the marks and selectors use.
+func TestStripPodKeepsWhatIsRead(t *testing.T) {
+	at := func(s int) metav1.Time { return metav1.NewTime(time.Date(2026, 11, 23, 10, 0, s, 0, time.UTC)) }
+	full := func(phase corev1.PodPhase, states ...corev1.ContainerState) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"app": "x"},
+				Annotations: map[string]string{"kubectl.kubernetes.io/restartedAt": "now", "big": string(make([]byte, 4096))},
+			},
+			Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "main", Image: "busybox", Command: []string{"sleep", "1"}}}},
+			Status: corev1.PodStatus{
+				Phase: phase,
+				Conditions: []corev1.PodCondition{
+					{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/3 nodes are available", LastTransitionTime: at(1)},
+					{Type: corev1.PodReady, Status: corev1.ConditionFalse, Reason: "ContainersNotReady", Message: "containers with unready status: [main]", LastTransitionTime: at(7)},
+				},
+			},
+		}
+		setMarks(p, "l", "u:0", 3)
+		for i, s := range states {
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
+				Name: fmt.Sprint("c", i), State: s, Image: "busybox", ImageID: "sha256:abc", ContainerID: "containerd://x", RestartCount: 2,
+			})
+		}
+		return p
+	}
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(3)}}
+	waiting := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "back-off pulling image"}}
+	done := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: "bye", FinishedAt: at(9)}}
+	for name, pod := range map[string]*corev1.Pod{
+		"pending":   full(corev1.PodPending),
+		"pulling":   full(corev1.PodPending, waiting),
+		"running":   full(corev1.PodRunning, running, running),
+		"one done":  full(corev1.PodRunning, running, done),
+		"all done":  full(corev1.PodRunning, done, done),
+		"succeeded": full(corev1.PodSucceeded, done),
+	} {
+		got, err := stripPod(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := got.(*corev1.Pod)
+		if stopped(s) != stopped(pod) || started(s) != started(pod) || whyNotStarted(s) != whyNotStarted(pod) ||
+			!stopTime(s).Equal(stopTime(pod)) || grantedAt(s, "l") != grantedAt(pod, "l") || !markedBy(s, "l") || !carriesMarks(s, "l") {
+			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v",
+				name, stopped(s), stopped(pod), started(s), started(pod), whyNotStarted(s), whyNotStarted(pod), stopTime(s), stopTime(pod))
+		}
+		if len(s.Annotations) != 3 || len(s.Spec.Containers) != 0 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
+			t.Errorf("%s: kept annotations %v, containers %v, condition message %q, labels %v",
+				name, s.Annotations, s.Spec.Containers, s.Status.Conditions[0].Message, s.Labels)
+		}
 	}
 }

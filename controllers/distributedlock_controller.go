@@ -60,9 +60,10 @@ type DistributedLockReconciler struct {
 	// sharded pub/sub, where watchReleases hears none; nil elsewhere.
 	keyReleases *shardedReleases
 
-	grants  grants
-	keys    keyMutex
-	backoff redisBackoff
+	grants   grants
+	keys     keyMutex
+	podNames podNames
+	backoff  redisBackoff
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.dev,resources=distributedlocks,verbs=get;list;watch;patch

@@ -54,7 +54,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
-	if err := indexPods(context.Background(), mgr.GetFieldIndexer()); err != nil {
+	if err := indexPods(context.Background(), mgr.GetCache(), &r.podNames); err != nil {
 		return err
 	}
 	workers := r.MaxConcurrentReconciles
