@@ -38,8 +38,8 @@ func CacheOptions(pods labels.Selector) cache.Options {
 
 // stripPod keeps what the controller reads of a pod: its identity, labels,
 // lockwarden's own annotations, and timestamps; its scheduling gates and
-// node; its phase, and of its conditions and container states the types,
-// statuses, reasons and times. The rest, above all the container specs and
+// node; its phase, and of its conditions (see stripConditions) and
+// container states the types, statuses, reasons and times. The rest, above all the container specs and
 // volumes, other tools' annotations and the status messages, is most of a
 // pod's size. Each kept slice is a fresh copy, so the decoded object is not
 // kept alive behind it. The controller only ever writes a pod with a merge
@@ -82,13 +82,25 @@ func ownAnnotations(in map[string]string) map[string]string {
 	return out
 }
 
+// stripConditions keeps the two conditions the controller reads: the
+// PodScheduled condition, whose reason says why a pod is not scheduled,
+// and the one that changed last, whose time is when a stopped pod stopped
+// (stopTime).
 func stripConditions(in []corev1.PodCondition) []corev1.PodCondition {
-	if in == nil {
-		return nil
+	var out []corev1.PodCondition
+	keep := func(c corev1.PodCondition) {
+		out = append(out, corev1.PodCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, LastTransitionTime: c.LastTransitionTime})
 	}
-	out := make([]corev1.PodCondition, len(in))
+	latest := -1
 	for i, c := range in {
-		out[i] = corev1.PodCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, LastTransitionTime: c.LastTransitionTime}
+		if latest < 0 || c.LastTransitionTime.After(in[latest].LastTransitionTime.Time) {
+			latest = i
+		}
+	}
+	for i, c := range in {
+		if c.Type == corev1.PodScheduled || i == latest {
+			keep(c)
+		}
 	}
 	return out
 }

@@ -2,11 +2,14 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -95,7 +98,9 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 				Phase: phase,
 				Conditions: []corev1.PodCondition{
 					{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/3 nodes are available", LastTransitionTime: at(1)},
+					{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: at(2)},
 					{Type: corev1.PodReady, Status: corev1.ConditionFalse, Reason: "ContainersNotReady", Message: "containers with unready status: [main]", LastTransitionTime: at(7)},
+					{Type: corev1.ContainersReady, Status: corev1.ConditionFalse, Reason: "ContainersNotReady", LastTransitionTime: at(5)},
 				},
 			},
 		}
@@ -128,9 +133,47 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v",
 				name, stopped(s), stopped(pod), started(s), started(pod), whyNotStarted(s), whyNotStarted(pod), stopTime(s), stopTime(pod))
 		}
-		if len(s.Annotations) != 3 || len(s.Spec.Containers) != 0 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
-			t.Errorf("%s: kept annotations %v, containers %v, condition message %q, labels %v",
-				name, s.Annotations, s.Spec.Containers, s.Status.Conditions[0].Message, s.Labels)
+		if len(s.Annotations) != 3 || len(s.Spec.Containers) != 0 || len(s.Status.Conditions) != 2 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
+			t.Errorf("%s: kept annotations %v, containers %v, conditions %+v, labels %v",
+				name, s.Annotations, s.Spec.Containers, s.Status.Conditions, s.Labels)
+		}
+	}
+}
+
+// A lock is indexed by one label its selector requires, so the pods it
+// selects, which all carry that label, find it by their own labels; a lock
+// whose selector requires no single label is found by every pod.
+func TestSelectsIndexValues(t *testing.T) {
+	lock := func(name string, sel locksv1.PodSelector) *locksv1.DistributedLock {
+		return &locksv1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)},
+			Spec: locksv1.DistributedLockSpec{Candidates: sel}}
+	}
+	req := func(key string, op metav1.LabelSelectorOperator, values ...locksv1.LabelValue) locksv1.LabelRequirement {
+		return locksv1.LabelRequirement{Key: key, Operator: op, Values: values}
+	}
+	for _, tc := range []struct {
+		name string
+		sel  locksv1.PodSelector
+		want []string
+	}{
+		{"matchLabels", locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"b": "2", "a": "1"}}, []string{"a=1"}},
+		{"In one value", locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{req("a", metav1.LabelSelectorOpIn, "1")}}, []string{"a=1"}},
+		{"In two values", locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{req("a", metav1.LabelSelectorOpIn, "1", "2")}}, []string{anyLabels}},
+		{"Exists and NotIn", locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{
+			req("a", metav1.LabelSelectorOpExists), req("b", metav1.LabelSelectorOpNotIn, "x")}}, []string{anyLabels}},
+		{"Exists and a label", locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"b": "2"},
+			MatchExpressions: []locksv1.LabelRequirement{req("a", metav1.LabelSelectorOpExists)}}, []string{"b=2"}},
+		{"empty: selects nothing", locksv1.PodSelector{}, nil},
+	} {
+		l := lock(strings.ReplaceAll(tc.name, " ", "-"), tc.sel)
+		if got := selectsIndexValues(l); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+		for _, labels := range []map[string]string{{"a": "1", "b": "2"}, {"a": "2", "b": "2"}} {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: labels}}
+			if selects(l, pod) && !slices.ContainsFunc(append(podLabelPairs(pod), anyLabels), func(v string) bool { return slices.Contains(tc.want, v) }) {
+				t.Errorf("%s: selects pod %v, which does not find it by its labels", tc.name, labels)
+			}
 		}
 	}
 }

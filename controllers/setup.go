@@ -4,6 +4,8 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -54,6 +56,11 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &locksv1.DistributedLock{}, selectsIndex, func(o client.Object) []string {
+		return selectsIndexValues(o.(*locksv1.DistributedLock))
+	}); err != nil {
+		return err
+	}
 	if err := indexPods(context.Background(), mgr.GetCache(), &r.podNames); err != nil {
 		return err
 	}
@@ -77,6 +84,33 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
+// selectsIndex indexes locks by one "key=value" label their candidate
+// selector requires (in matchLabels, or In with one value), or by
+// anyLabels if it requires none: a pod event then looks up the locks by the
+// pod's own labels, rather than checking every lock of the namespace.
+const selectsIndex = ".lockwarden.selects"
+
+// anyLabels is the selectsIndex value of locks whose selector may select a
+// pod whatever label it has; "*" is no label's key.
+const anyLabels = "*"
+
+func selectsIndexValues(lock *locksv1.DistributedLock) []string {
+	selector := selectors.get(lock)
+	if selector == nil {
+		return nil // selects nothing
+	}
+	requirements, _ := selector.Requirements()
+	for _, req := range requirements {
+		switch values := req.Values(); req.Operator() {
+		case selection.Equals, selection.DoubleEquals, selection.In:
+			if values.Len() == 1 {
+				return []string{req.Key() + "=" + values.UnsortedList()[0]}
+			}
+		}
+	}
+	return []string{anyLabels}
+}
+
 // locksForPod maps a pod to the locks of its namespace that select it, gate
 // it or marked it. Locks in other namespaces sharing a key are settled with
 // them, in the same reconcile.
@@ -85,18 +119,41 @@ func (r *DistributedLockReconciler) locksForPod(ctx context.Context, obj client.
 	if !ok {
 		return nil
 	}
-	// Read-only, so the cache's objects are used as they are rather than
-	// each lock of the namespace copied on every pod event.
-	var locks locksv1.DistributedLockList
-	if err := r.List(ctx, &locks, client.InNamespace(pod.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return nil
-	}
 	var requests []reconcile.Request
-	for i := range locks.Items {
-		lock := &locks.Items[i]
-		if selects(lock, pod) || hasGate(pod, locksv1.GateFor(lock.Name)) || markedBy(pod, lock.Name) {
-			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(lock)})
+	seen := map[string]bool{}
+	add := func(name string) {
+		if !seen[name] {
+			seen[name] = true
+			requests = append(requests, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: pod.Namespace, Name: name}})
+		}
+	}
+	// The locks whose gate or marks the pod carries, which a reconcile of a
+	// lock that does not exist ignores.
+	for _, name := range locksOn(pod) {
+		add(name)
+	}
+	// The locks that may select it, by its labels; read-only, so the
+	// cache's objects are used as they are.
+	for _, value := range append(podLabelPairs(pod), anyLabels) {
+		var locks locksv1.DistributedLockList
+		if err := r.List(ctx, &locks, client.InNamespace(pod.Namespace), client.MatchingFields{selectsIndex: value},
+			client.UnsafeDisableDeepCopy); err != nil {
+			return nil
+		}
+		for i := range locks.Items {
+			if selects(&locks.Items[i], pod) {
+				add(locks.Items[i].Name)
+			}
 		}
 	}
 	return requests
+}
+
+// podLabelPairs are the pod's labels as "key=value".
+func podLabelPairs(pod *corev1.Pod) []string {
+	pairs := make([]string, 0, len(pod.Labels)+1)
+	for k, v := range pod.Labels {
+		pairs = append(pairs, k+"="+v)
+	}
+	return pairs
 }
