@@ -50,6 +50,14 @@ func stripPod(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
+	// A pod without containers is one stripPod made: the API admits none.
+	// client-go transforms the objects of an informer's initial watch-list
+	// twice (into a temporary store, then again as they replace the
+	// cache's), and a second copy of every pod, alive until the first is
+	// dropped, made the cache's start-up the manager's peak of memory.
+	if len(pod.Spec.Containers) == 0 {
+		return pod, nil
+	}
 	stripped := &corev1.Pod{
 		TypeMeta: pod.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{

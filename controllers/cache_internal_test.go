@@ -128,6 +128,9 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := got.(*corev1.Pod)
+		if again, _ := stripPod(s); again != s {
+			t.Errorf("%s: stripping a stripped pod copied it again", name)
+		}
 		if stopped(s) != stopped(pod) || started(s) != started(pod) || whyNotStarted(s) != whyNotStarted(pod) ||
 			!stopTime(s).Equal(stopTime(pod)) || grantedAt(s, "l") != grantedAt(pod, "l") || !markedBy(s, "l") || !carriesMarks(s, "l") {
 			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v",
