@@ -90,10 +90,10 @@ func ownAnnotations(in map[string]string) map[string]string {
 	return out
 }
 
-// stripConditions keeps the two conditions the controller reads: the
+// stripConditions keeps the conditions the controller reads: a false
 // PodScheduled condition, whose reason says why a pod is not scheduled,
 // and the one that changed last, whose time is when a stopped pod stopped
-// (stopTime).
+// (stopTime). A running pod keeps one.
 func stripConditions(in []corev1.PodCondition) []corev1.PodCondition {
 	var out []corev1.PodCondition
 	keep := func(c corev1.PodCondition) {
@@ -106,7 +106,7 @@ func stripConditions(in []corev1.PodCondition) []corev1.PodCondition {
 		}
 	}
 	for i, c := range in {
-		if c.Type == corev1.PodScheduled || i == latest {
+		if (c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse) || i == latest {
 			keep(c)
 		}
 	}

@@ -20,10 +20,10 @@ func TestSetMemoryLimit(t *testing.T) {
 	noEnv := func(string) string { return "" }
 	v2, unlimited, v1Unlimited := file("v2", "268435456\n"), file("max", "max\n"), file("v1", "9223372036854771712\n")
 
-	if limit, ok := setMemoryLimit(noEnv, []string{filepath.Join(dir, "absent"), v2}); !ok || limit != 241591910 {
-		t.Fatalf("256 MiB container: %d, %v; want 90%% of it", limit, ok)
+	if limit, ok := setMemoryLimit(noEnv, []string{filepath.Join(dir, "absent"), v2}); !ok || limit != 214748364 {
+		t.Fatalf("256 MiB container: %d, %v; want 80%% of it", limit, ok)
 	}
-	if got := debug.SetMemoryLimit(-1); got != 241591910 {
+	if got := debug.SetMemoryLimit(-1); got != 214748364 {
 		t.Fatalf("runtime limit %d", got)
 	}
 	for name, files := range map[string][]string{"v2 max": {unlimited, v2}, "v1 unlimited": {v1Unlimited}, "no cgroup": {filepath.Join(dir, "absent")}} {
