@@ -20,11 +20,17 @@ func TestSetMemoryLimit(t *testing.T) {
 	noEnv := func(string) string { return "" }
 	v2, unlimited, v1Unlimited := file("v2", "268435456\n"), file("max", "max\n"), file("v1", "9223372036854771712\n")
 
-	if limit, ok := setMemoryLimit(noEnv, []string{filepath.Join(dir, "absent"), v2}); !ok || limit != 214748364 {
-		t.Fatalf("256 MiB container: %d, %v; want 80%% of it", limit, ok)
+	const mib = 1 << 20
+	if limit, ok := setMemoryLimit(noEnv, []string{filepath.Join(dir, "absent"), v2}); !ok || limit != 192*mib {
+		t.Fatalf("256 MiB container: %d, %v; want 192 MiB", limit, ok)
 	}
-	if got := debug.SetMemoryLimit(-1); got != 214748364 {
+	if got := debug.SetMemoryLimit(-1); got != 192*mib {
 		t.Fatalf("runtime limit %d", got)
+	}
+	for container, want := range map[string]int64{"134217728": 96 * mib, "1073741824": 960 * mib} {
+		if limit, _ := setMemoryLimit(noEnv, []string{file("c", container)}); limit != want {
+			t.Errorf("%s-byte container: %d MiB, want %d MiB", container, limit/mib, want/mib)
+		}
 	}
 	for name, files := range map[string][]string{"v2 max": {unlimited, v2}, "v1 unlimited": {v1Unlimited}, "no cgroup": {filepath.Join(dir, "absent")}} {
 		if limit, ok := setMemoryLimit(noEnv, files); ok {

@@ -59,8 +59,8 @@ type config struct {
 	// which only the candidate pods carry, so it caches none of the others.
 	podFilter bool
 	// memLimit is the manager's GOMEMLIMIT, "" for none. In a container the
-	// manager sets it itself, to 90% of the container's limit (256 MiB in
-	// config/manager): 230 MiB.
+	// manager sets it itself, to the container's limit less 64 MiB (see
+	// cmd/manager/memlimit.go): 192 MiB of config/manager's 256 MiB.
 	memLimit string
 	// profiles, if set, is where the manager's heap profile (at the end)
 	// and CPU profile (30 s while granting) are written.
@@ -82,7 +82,7 @@ func configFromEnv(b *testing.B) config {
 		samples:    envInt(b, "LOCKWARDEN_SCALE_HANDOVERS", 200),
 		reconcile:  envInt(b, "LOCKWARDEN_SCALE_RECONCILERS", 0),
 		podFilter:  envInt(b, "LOCKWARDEN_SCALE_POD_FILTER", 1) == 1,
-		memLimit:   "230MiB",
+		memLimit:   "192MiB",
 		profiles:   os.Getenv("LOCKWARDEN_SCALE_PROFILES"),
 		lease:      30 * time.Second, // the API's default, renewed every 10 s
 	}
@@ -121,7 +121,7 @@ func envInt(b *testing.B, name string, def int) int {
 // (default 100,000) other pods, over LOCKWARDEN_SCALE_NAMESPACES (default
 // 100) namespaces. The candidate pods carry candidateLabel, and the manager
 // caches only them (--pod-label-selector) unless LOCKWARDEN_SCALE_POD_FILTER
-// is 0. Its GOMEMLIMIT is LOCKWARDEN_SCALE_GOMEMLIMIT (default 230MiB, what
+// is 0. Its GOMEMLIMIT is LOCKWARDEN_SCALE_GOMEMLIMIT (default 192MiB, what
 // it sets itself in a 256 MiB container; empty for none), and
 // LOCKWARDEN_SCALE_PROFILES names a directory for its heap and CPU profiles.
 // Run it with -benchtime 1x and a long -timeout. It reports:
