@@ -116,15 +116,7 @@ func TestInPodClientHolderReleasedOnTermination(t *testing.T) {
 	// The in-pod client takes the lock before the lock resource exists, as
 	// an application would at start-up.
 	key := ns + "/leader"
-	inPod := lockClient(t, string(app.UID))
-	m, err := inPod.NewMutex(key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, err := m.Lock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := inPodLock(t, app, key)
 	lock := createLock(t, ns, "leader", "api")
 
 	eventually(t, "the in-pod client's hold to show", func() bool { return holderOf(t, lock) == "app" })

@@ -122,14 +122,7 @@ func TestCase1InPodHoldKeptThroughGracefulDeletion(t *testing.T) {
 	app := createPod(t, ns, "app", "api", boundPod)
 	createPod(t, ns, "standby", "api", boundPod)
 	key := ns + "/leader"
-	m, err := lockClient(t, string(app.UID)).NewMutex(key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, err := m.Lock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := inPodLock(t, app, key)
 	lock := createLock(t, ns, "leader", "api")
 	eventually(t, "the in-pod hold to show", func() bool { return holderOf(t, lock) == "app" })
 

@@ -20,14 +20,7 @@ func TestHoldOfAnUnselectedPodReleasedWhenItStops(t *testing.T) {
 	sidecar := createPod(t, ns, "sidecar", "tooling")
 	standby := createPod(t, ns, "standby", "api")
 	key := ns + "/leader"
-	m, err := lockClient(t, string(sidecar.UID)).NewMutex(key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, err := m.Lock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := inPodLock(t, sidecar, key)
 	lock := createLock(t, ns, "leader", "api")
 	eventually(t, "the sidecar's hold to show", func() bool { return holderOf(t, lock) == "sidecar" })
 

@@ -366,6 +366,21 @@ func eventually(t testing.TB, what string, cond func() bool) {
 	}
 }
 
+// inPodLock takes the key with an in-pod client of the pod, as an
+// application would.
+func inPodLock(t testing.TB, pod *corev1.Pod, key string) *redislock.Hold {
+	t.Helper()
+	m, err := lockClient(t, string(pod.UID)).NewMutex(key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold, err := m.Lock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hold
+}
+
 func lockClient(t testing.TB, id string) *redislock.Client {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
