@@ -2,12 +2,13 @@ package controllers
 
 import (
 	"context"
-	"maps"
+	"encoding/json"
 	"slices"
 	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -56,16 +57,49 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 }
 
 // patchPod writes the difference between pod and want, if any, as a merge
-// patch preconditioned on the pod's resourceVersion: a gate list is
-// replaced whole, so a concurrent change to it must fail the patch rather
-// than be overwritten.
+// patch of the labels and annotations that changed, key by key, and of
+// the whole gate list if it changed, preconditioned on the pod's
+// resourceVersion: a concurrent change to the gates must fail the patch
+// rather than be overwritten. The cache keeps only lockwarden's own
+// annotations (stripPod), so the patch must never set the annotations as a
+// whole: once the marks are cleared, that would delete every other tool's.
 func (r *DistributedLockReconciler) patchPod(ctx context.Context, pod, want *corev1.Pod) error {
-	if maps.Equal(pod.Labels, want.Labels) && maps.Equal(pod.Annotations, want.Annotations) &&
-		slices.Equal(pod.Spec.SchedulingGates, want.Spec.SchedulingGates) {
+	metadata := map[string]any{"resourceVersion": pod.ResourceVersion}
+	patch := map[string]any{"metadata": metadata}
+	if changes := changedKeys(pod.Labels, want.Labels); len(changes) > 0 {
+		metadata["labels"] = changes
+	}
+	if changes := changedKeys(pod.Annotations, want.Annotations); len(changes) > 0 {
+		metadata["annotations"] = changes
+	}
+	if !slices.Equal(pod.Spec.SchedulingGates, want.Spec.SchedulingGates) {
+		patch["spec"] = map[string]any{"schedulingGates": want.Spec.SchedulingGates}
+	}
+	if len(metadata) == 1 && patch["spec"] == nil {
 		return nil
 	}
-	patch := client.MergeFromWithOptions(pod, client.MergeFromWithOptimisticLock{})
-	return client.IgnoreNotFound(r.Patch(ctx, want, patch))
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	return client.IgnoreNotFound(r.Patch(ctx, want, client.RawPatch(types.MergePatchType, data)))
+}
+
+// changedKeys is the merge patch from before to after: each new or changed
+// key with its value, each removed key with null.
+func changedKeys(before, after map[string]string) map[string]any {
+	changes := map[string]any{}
+	for k, v := range after {
+		if was, ok := before[k]; !ok || was != v {
+			changes[k] = v
+		}
+	}
+	for k := range before {
+		if _, kept := after[k]; !kept {
+			changes[k] = nil
+		}
+	}
+	return changes
 }
 
 func markedBy(pod *corev1.Pod, lock string) bool {

@@ -54,3 +54,25 @@ func TestPodLabelSelectorCachesOnlyOptedInPods(t *testing.T) {
 		t.Fatal("the unlabelled pod was ungated")
 	}
 }
+
+// The cache keeps only lockwarden's own annotations, so clearing the marks
+// of a pod must remove those keys alone: a patch that set the annotations
+// to what the cache shows, once empty, wiped every other tool's (kwok's run
+// stamps in `make demo`).
+func TestClearingMarksKeepsOtherAnnotations(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	first := createPod(t, ns, "first", "x", func(p *corev1.Pod) { p.Annotations = map[string]string{"team.example/owner": "billing"} })
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have 1 s resolution
+	second := createPod(t, ns, "second", "x")
+	createLock(t, ns, "a", "x")
+	key := ns + "/a"
+	eventually(t, "first marked as the holder", func() bool { return holds(t, key, first) && markedBy(getPod(t, first), "a") })
+	setPhase(t, getPod(t, first), corev1.PodSucceeded)
+	eventually(t, "second granted and first unmarked", func() bool {
+		return holds(t, key, second) && !markedBy(getPod(t, first), "a")
+	})
+	if got := getPod(t, first).Annotations; got["team.example/owner"] != "billing" {
+		t.Fatalf("first's annotations after its marks were cleared: %v", got)
+	}
+}
