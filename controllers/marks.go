@@ -14,8 +14,9 @@ import (
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// markPods brings every pod of the scope's namespaces to the marks it
-// should carry for each lock there: the holder carries the marks of the
+// markPods brings every pod of the scope (which holds each pod that carries
+// a mark or gate of its locks) to the marks it should carry for each lock
+// of its namespace: the holder carries the marks of the
 // locks that select it, gate it or marked it before, and loses those locks'
 // gates if the controller holds the key for it; every other pod carries
 // none, except a grantee in conflict, whose marks record its sticky grant.
@@ -26,8 +27,8 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 	for _, pod := range s.pods {
 		locks := s.locksIn(pod.Namespace)
 		// A pod that is not the holder only ever loses marks, so one that
-		// carries none of these locks' has nothing to write: most pods of a
-		// namespace are no lock's, and need not be copied.
+		// carries none of these locks' has nothing to write, and need not be
+		// copied.
 		if (holderPod == nil || pod.UID != holderPod.UID) &&
 			!slices.ContainsFunc(locks, func(l *locksv1.DistributedLock) bool { return carriesMarks(pod, l.Name) }) {
 			continue
