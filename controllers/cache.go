@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -41,8 +42,9 @@ func CacheOptions(pods labels.Selector) cache.Options {
 // node; its phase, and of its conditions (see stripConditions) and
 // container states the types, statuses, reasons and times. The rest, above all the container specs and
 // volumes, other tools' annotations and the status messages, is most of a
-// pod's size. Each kept slice is a fresh copy, so the decoded object is not
-// kept alive behind it. The controller only ever writes a pod with a merge
+// pod's size. The kept conditions and container states are fresh copies;
+// the labels and gates are kept as decoded, each its own allocation, so
+// nothing of the rest of the decoded object stays alive behind them. The controller only ever writes a pod with a merge
 // patch of its labels, own annotations and gates computed between two such
 // stripped copies, so what is dropped is never written.
 func stripPod(obj any) (any, error) {
@@ -190,8 +192,9 @@ func withoutOwnMarks(pod *corev1.Pod) *corev1.Pod {
 }
 
 // selectors caches each lock's parsed candidate selector, by lock, for as
-// long as its UID and generation stay the same: a pod event is checked
-// against every lock of its namespace, and parsing a selector allocates.
+// long as its UID and generation stay the same: selectsIndex, every
+// reconcile and every pod event that may concern the lock need it, and
+// parsing a selector allocates.
 var selectors selectorCache
 
 type selectorCache struct{ m sync.Map } // types.NamespacedName -> parsedSelector
@@ -217,5 +220,24 @@ func (c *selectorCache) get(lock *locksv1.DistributedLock) labels.Selector {
 	return p.selector
 }
 
-// forget drops a deleted lock's entry.
-func (c *selectorCache) forget(name types.NamespacedName) { c.m.Delete(name) }
+// OnDelete drops a deleted lock's entry. It is an event handler of the
+// lock informer, which every replica runs: selectsIndex parses selectors
+// on standbys too, and they never reconcile. A lock created again under the
+// same name keeps the entry of its new UID.
+func (c *selectorCache) OnDelete(obj any) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	lock, ok := obj.(*locksv1.DistributedLock)
+	if !ok {
+		return
+	}
+	name := types.NamespacedName{Namespace: lock.Namespace, Name: lock.Name}
+	if v, ok := c.m.Load(name); ok && v.(parsedSelector).uid == lock.UID {
+		c.m.Delete(name)
+	}
+}
+
+// OnAdd and OnUpdate have nothing to do: get parses on first use.
+func (c *selectorCache) OnAdd(any, bool)   {}
+func (c *selectorCache) OnUpdate(_, _ any) {}

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -70,7 +72,10 @@ func (s *scope) recordedGrant(h holder) bool {
 func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope) error {
 	var remaining []holder
 	for _, h := range s.holders {
-		name, namespace, why := r.releasable(s, h)
+		name, namespace, why, err := r.releasable(ctx, s, &h)
+		if err != nil {
+			return err
+		}
 		if why == "" {
 			remaining = append(remaining, h)
 			continue
@@ -94,28 +99,70 @@ func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope
 
 // releasable says why the holder's hold may be released, or "" if not: its
 // pod has stopped, or a pod this controller knew is gone. It knew the pod if
-// it granted it the key, or a lock's status names it: a status only ever
-// names pods of the lock's own namespace, which the cache has all of.
-func (r *DistributedLockReconciler) releasable(s *scope, h holder) (name, namespace, why string) {
-	if h.pod != nil {
-		if !stopped(h.pod) {
-			return "", "", ""
+// it granted it the key, or a lock's status names it. A pod the cache lacks
+// is looked up past the cache before it is called gone, and if it still
+// runs, h.pod is set to it.
+func (r *DistributedLockReconciler) releasable(ctx context.Context, s *scope, h *holder) (name, namespace, why string, err error) {
+	if h.pod == nil {
+		name, namespace = r.knownPod(s, *h)
+		if name == "" {
+			return "", "", "", nil
 		}
-		why = "has stopped: every container terminated"
-		if h.pod.Status.Phase == corev1.PodSucceeded || h.pod.Status.Phase == corev1.PodFailed {
-			why = "reached phase " + string(h.pod.Status.Phase)
+		pod, err := r.podPastCache(ctx, namespace, name, h.podUID)
+		if err != nil {
+			return "", "", "", err
 		}
-		return h.pod.Name, h.pod.Namespace, why
+		if pod == nil {
+			return name, namespace, "was deleted", nil
+		}
+		h.pod = pod
+		if !stopped(pod) {
+			log.FromContext(ctx).Info("a holder's pod runs outside the pod cache; looking it up each poll", "key", s.key, "pod", name)
+			r.eventf(s, namespace, corev1.EventTypeWarning, "HolderNotWatched",
+				"Pod %s holds %s and runs, but the manager does not watch it (does it carry the --pod-label-selector labels?): the lock stays with it until it stops, which is looked for every %s",
+				name, s.key, pollAfter(s.info.TTL).Round(time.Second))
+		}
 	}
+	if !stopped(h.pod) {
+		return "", "", "", nil
+	}
+	why = "has stopped: every container terminated"
+	if h.pod.Status.Phase == corev1.PodSucceeded || h.pod.Status.Phase == corev1.PodFailed {
+		why = "reached phase " + string(h.pod.Status.Phase)
+	}
+	return h.pod.Name, h.pod.Namespace, why, nil
+}
+
+// knownPod is the namespace and name of the holder's pod if the controller
+// knew it: it granted it the key, or a lock's status names it.
+func (r *DistributedLockReconciler) knownPod(s *scope, h holder) (name, namespace string) {
 	if g := r.grants.get(s.key); g != nil && g.podUID == h.podUID {
-		return g.pod.Name, g.pod.Namespace, "was deleted"
+		return g.pod.Name, g.pod.Namespace
 	}
 	for _, l := range s.locks {
 		if st := l.Status.Holder; st != nil && st.PodName != "" && st.PodUID == string(h.podUID) {
-			return st.PodName, l.Namespace, "was deleted"
+			return st.PodName, l.Namespace
 		}
 	}
-	return "", "", ""
+	return "", ""
+}
+
+// podPastCache reads a pod from the API server, or nil if it is gone (or
+// its name is another pod's now). The cache can lack a pod that still runs,
+// so a holder is never released on the cache's word alone: one
+// --pod-label-selector filters out once its label is taken away (the
+// filtered watch reports it deleted), or, just after the manager starts,
+// one the UID map (podNames) has not caught up with.
+func (r *DistributedLockReconciler) podPastCache(ctx context.Context, namespace, name string, uid types.UID) (*corev1.Pod, error) {
+	pod := &corev1.Pod{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, pod)
+	if apierrors.IsNotFound(err) || (err == nil && pod.UID != uid) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return pod, nil
 }
 
 // keepGrants keeps a grant sticky: a pod the controller granted the key to
@@ -261,8 +308,14 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		if pod != nil && pod.Namespace != lock.Namespace {
 			pod = nil
 		}
+		gone := false
+		if st := lock.Status.Holder; pod == nil && st != nil && st.PodUID == string(h.podUID) {
+			if pod, err = r.podPastCache(ctx, lock.Namespace, st.PodName, h.podUID); err != nil {
+				return err
+			}
+			gone = pod == nil
+		}
 		ours := pod != nil && !claimed(pod)
-		gone := pod == nil && lock.Status.Holder != nil && lock.Status.Holder.PodUID == string(h.podUID)
 		if !ours && !gone {
 			continue
 		}

@@ -14,11 +14,11 @@ import (
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// A reconcile reads only the pods that concern its key, so its cost follows
-// the locks' pods and not the size of their namespaces (issue 15: a
-// reconcile that listed every pod of its namespace spent most of its time
-// doing so). It finds them through each lock's candidate selector, the
-// podLocksIndex of the cache, and podNames.
+// A reconcile reads only the pods that concern its key (issue 15: a
+// reconcile that listed and copied every pod of its namespace spent most of
+// its time doing so). It finds them through each lock's candidate selector
+// (the cache matches it against the labels of the namespace's pods and
+// deep-copies none), the podLocksIndex of the cache, and podNames.
 
 // podLocksIndex indexes pods by the names of the locks whose gate or marks
 // they carry, in their namespace.

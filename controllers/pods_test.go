@@ -8,7 +8,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers"
 )
 
 // A hold an in-pod client took from a pod that no lock selects, gates or
@@ -35,15 +39,11 @@ func TestHoldOfAnUnselectedPodReleasedWhenItStops(t *testing.T) {
 // labels: a pod without them is invisible, so it is never granted a lock
 // that selects it, even as the oldest candidate, and a labelled one is.
 func TestPodLabelSelectorCachesOnlyOptedInPods(t *testing.T) {
-	optIn, err := labels.Parse("lockwarden.dev/candidate=true")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optIn})
+	h := startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
 	ns := newNamespace(t)
 	hidden := createPod(t, ns, "hidden", "x", gatedBy("a"))
 	time.Sleep(1100 * time.Millisecond) // creation timestamps have 1 s resolution
-	shown := createPod(t, ns, "shown", "x", gatedBy("a"), func(p *corev1.Pod) { p.Labels["lockwarden.dev/candidate"] = "true" })
+	shown := createPod(t, ns, "shown", "x", gatedBy("a"), optedIn)
 	createLock(t, ns, "a", "x")
 	key := ns + "/a"
 	eventually(t, "the labelled pod to be granted "+key, func() bool { return holds(t, key, shown) })
@@ -53,6 +53,125 @@ func TestPodLabelSelectorCachesOnlyOptedInPods(t *testing.T) {
 	if !gatedWith(getPod(t, hidden), gateFor("a")) {
 		t.Fatal("the unlabelled pod was ungated")
 	}
+}
+
+// optedIn labels a pod as --pod-label-selector=optInLabel=true selects.
+func optedIn(p *corev1.Pod) { p.Labels[optInLabel] = "true" }
+
+const optInLabel = "lockwarden.dev/candidate"
+
+// optInPods is the pod cache's filter in these tests.
+var optInPods = labels.SelectorFromSet(labels.Set{optInLabel: "true"})
+
+// leaveFilter takes the opt-in label off a running pod, so the filtered
+// watch reports it deleted, and waits for the manager's cache to drop it.
+// Then it reconciles the lock at once, as the event would have.
+func leaveFilter(t *testing.T, h *harness, pod *corev1.Pod, lock *locksv1.DistributedLock) {
+	t.Helper()
+	p := getPod(t, pod)
+	delete(p.Labels, optInLabel)
+	if err := k8s.Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, pod.Name+" to leave the manager's cache", func() bool {
+		return apierrors.IsNotFound(h.cache.Get(context.Background(), client.ObjectKeyFromObject(pod), &corev1.Pod{}))
+	})
+	if _, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(lock)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With --pod-label-selector, a holder that loses the label while it runs
+// leaves the manager's cache as if it were deleted. It has not stopped: it
+// keeps the lock, and nobody else is granted it (here, leader election,
+// where nothing else would hold the next pod back), until the API server
+// shows it stopped.
+func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
+	h := startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
+	ns := newNamespace(t)
+	leader := createPod(t, ns, "leader", "x", optedIn)
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have 1 s resolution
+	standby := createPod(t, ns, "standby", "x", optedIn)
+	lock := createLock(t, ns, "a", "x")
+	key := ns + "/a"
+	eventually(t, "the leader to be granted "+key, func() bool { return holds(t, key, leader) && holderOf(t, lock) == "leader" })
+
+	leaveFilter(t, h, leader, lock)
+	if !holds(t, key, leader) {
+		t.Fatalf("the leader, still running, lost %s: %+v", key, inspect(t, key))
+	}
+	if got := holderOf(t, lock); got != "leader" {
+		t.Fatalf("status names %q as the holder, want leader", got)
+	}
+	setPhase(t, getPod(t, leader), corev1.PodSucceeded)
+	eventually(t, "the standby to be granted "+key+" once the leader stopped", func() bool { return holds(t, key, standby) })
+}
+
+// The same for an in-pod client's hold: its pod, out of the cache, still
+// runs, so the hold is its own until the pod stops.
+func TestInPodHolderLeavingThePodFilterKeepsItsHold(t *testing.T) {
+	h := startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
+	ns := newNamespace(t)
+	sidecar := createPod(t, ns, "sidecar", "tooling", optedIn)
+	standby := createPod(t, ns, "standby", "api", optedIn)
+	key := ns + "/leader"
+	hold := inPodLock(t, sidecar, key)
+	lock := createLock(t, ns, "leader", "api")
+	eventually(t, "the sidecar's hold to show", func() bool { return holderOf(t, lock) == "sidecar" })
+
+	leaveFilter(t, h, sidecar, lock)
+	if err := hold.Err(); err != nil {
+		t.Fatalf("the sidecar, still running, lost its hold: %v", err)
+	}
+	if info := inspect(t, key); len(info.Holders) != 1 || info.Holders[0].Owner != hold.Owner() {
+		t.Fatalf("Redis shows %+v, want the sidecar's hold", info.Holders)
+	}
+	setPhase(t, getPod(t, sidecar), corev1.PodFailed)
+	eventually(t, "the standby to be granted "+key+" once the sidecar stopped", func() bool { return holds(t, key, standby) })
+}
+
+// Deleting one of two locks on a key releases a grant only if no lock left
+// claims its pod; a holder out of the cache is looked up for that, not
+// taken for gone.
+func TestDeletingALockKeepsTheGrantOfAHolderOutsideThePodFilter(t *testing.T) {
+	h := startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
+	ns := newNamespace(t)
+	key := sharedKey(ns, "shared")
+	leader := createPod(t, ns, "leader", "x", optedIn)
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have 1 s resolution
+	createPod(t, ns, "standby", "x", optedIn)
+	one := createLock(t, ns, "one", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	two := createLock(t, ns, "two", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	eventually(t, "both locks to show the leader", func() bool {
+		return holds(t, key, leader) && holderOf(t, one) == "leader" && holderOf(t, two) == "leader"
+	})
+
+	leaveFilter(t, h, leader, one)
+	if err := k8s.Delete(context.Background(), two); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "lock two to go", func() bool {
+		return apierrors.IsNotFound(k8s.Get(context.Background(), client.ObjectKeyFromObject(two), &locksv1.DistributedLock{}))
+	})
+	if !holds(t, key, leader) {
+		t.Fatalf("deleting lock two released the leader, which lock one still selects: %+v", inspect(t, key))
+	}
+}
+
+// A deleted lock's parsed selector is dropped by the lock informer's
+// delete event, which standbys see too, not by a reconcile, which they
+// never run.
+func TestDeletedLocksSelectorIsForgotten(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	createPod(t, ns, "p", "x")
+	lock := createLock(t, ns, "a", "x")
+	name := client.ObjectKeyFromObject(lock)
+	eventually(t, "the lock's selector to be cached", func() bool { return controllers.SelectorCached(name) })
+	if err := k8s.Delete(context.Background(), lock); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the deleted lock's selector to be forgotten", func() bool { return !controllers.SelectorCached(name) })
 }
 
 // The cache keeps only lockwarden's own annotations, so clearing the marks

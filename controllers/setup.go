@@ -61,6 +61,13 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
+	locks, err := mgr.GetCache().GetInformer(context.Background(), &locksv1.DistributedLock{})
+	if err != nil {
+		return err
+	}
+	if _, err := locks.AddEventHandler(&selectors); err != nil {
+		return err
+	}
 	if err := indexPods(context.Background(), mgr.GetCache(), &r.podNames); err != nil {
 		return err
 	}
