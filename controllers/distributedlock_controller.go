@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,6 +65,9 @@ type DistributedLockReconciler struct {
 	keys     keyMutex
 	podNames podNames
 	backoff  redisBackoff
+	// unwatchedWarned are the holders' pods outside the pod cache that a
+	// HolderNotWatched Event was sent for, until their holds are released.
+	unwatchedWarned sync.Map // types.UID -> true
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.dev,resources=distributedlocks,verbs=get;list;watch;patch
@@ -167,6 +171,13 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		r.keyReleases.watch(ctx, s.key)
 	} else {
 		r.keyReleases.unwatch(s.key)
+	}
+	// Nor does an unwatched pod's end arrive as an event.
+	for _, p := range s.pods {
+		if s.unwatched[p.UID] && !stopped(p) {
+			s.requeue(pollAfter(s.info.TTL))
+			r.warnUnwatched(ctx, s, p)
+		}
 	}
 	return ctrl.Result{RequeueAfter: s.after}, nil
 }

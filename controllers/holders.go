@@ -72,10 +72,7 @@ func (s *scope) recordedGrant(h holder) bool {
 func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope) error {
 	var remaining []holder
 	for _, h := range s.holders {
-		name, namespace, why, err := r.releasable(ctx, s, &h)
-		if err != nil {
-			return err
-		}
+		name, namespace, why := r.releasable(s, h)
 		if why == "" {
 			remaining = append(remaining, h)
 			continue
@@ -84,6 +81,7 @@ func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope
 			return err
 		}
 		r.grants.drop(s.key, h.podUID)
+		r.unwatchedWarned.Delete(h.podUID)
 		if h.pod != nil {
 			r.Metrics.observeRelease(time.Since(stopTime(h.pod)))
 		}
@@ -99,70 +97,109 @@ func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope
 
 // releasable says why the holder's hold may be released, or "" if not: its
 // pod has stopped, or a pod this controller knew is gone. It knew the pod if
-// it granted it the key, or a lock's status names it. A pod the cache lacks
-// is looked up past the cache before it is called gone, and if it still
-// runs, h.pod is set to it.
-func (r *DistributedLockReconciler) releasable(ctx context.Context, s *scope, h *holder) (name, namespace, why string, err error) {
-	if h.pod == nil {
-		name, namespace = r.knownPod(s, *h)
-		if name == "" {
-			return "", "", "", nil
+// it granted it the key, or a lock's status names it; loading the scope
+// looked for such a pod past the cache (addKnownHolders), so one that is
+// still not in the scope is gone.
+func (r *DistributedLockReconciler) releasable(s *scope, h holder) (name, namespace, why string) {
+	if h.pod != nil {
+		if !stopped(h.pod) {
+			return "", "", ""
 		}
-		pod, err := r.podPastCache(ctx, namespace, name, h.podUID)
-		if err != nil {
-			return "", "", "", err
+		why = "has stopped: every container terminated"
+		if h.pod.Status.Phase == corev1.PodSucceeded || h.pod.Status.Phase == corev1.PodFailed {
+			why = "reached phase " + string(h.pod.Status.Phase)
 		}
-		if pod == nil {
-			return name, namespace, "was deleted", nil
-		}
-		h.pod = pod
-		if !stopped(pod) {
-			log.FromContext(ctx).Info("a holder's pod runs outside the pod cache; looking it up each poll", "key", s.key, "pod", name)
-			r.eventf(s, namespace, corev1.EventTypeWarning, "HolderNotWatched",
-				"Pod %s holds %s and runs, but the manager does not watch it (does it carry the --pod-label-selector labels?): the lock stays with it until it stops, which is looked for every %s",
-				name, s.key, pollAfter(s.info.TTL).Round(time.Second))
+		return h.pod.Name, h.pod.Namespace, why
+	}
+	for _, known := range r.knownHolders(s) {
+		if known.uid == h.podUID {
+			return known.Name, known.Namespace, "was deleted"
 		}
 	}
-	if !stopped(h.pod) {
-		return "", "", "", nil
-	}
-	why = "has stopped: every container terminated"
-	if h.pod.Status.Phase == corev1.PodSucceeded || h.pod.Status.Phase == corev1.PodFailed {
-		why = "reached phase " + string(h.pod.Status.Phase)
-	}
-	return h.pod.Name, h.pod.Namespace, why, nil
+	return "", "", ""
 }
 
-// knownPod is the namespace and name of the holder's pod if the controller
-// knew it: it granted it the key, or a lock's status names it.
-func (r *DistributedLockReconciler) knownPod(s *scope, h holder) (name, namespace string) {
-	if g := r.grants.get(s.key); g != nil && g.podUID == h.podUID {
-		return g.pod.Name, g.pod.Namespace
+// knownHolder is a pod the controller knows has held the key.
+type knownHolder struct {
+	types.NamespacedName
+	uid types.UID
+}
+
+// knownHolders are the pods the controller knows have held the key: the one
+// it granted the key to, and those the locks' statuses name (a status only
+// ever names a pod of its lock's namespace).
+func (r *DistributedLockReconciler) knownHolders(s *scope) []knownHolder {
+	var out []knownHolder
+	if g := r.grants.get(s.key); g != nil {
+		out = append(out, knownHolder{types.NamespacedName{Namespace: g.pod.Namespace, Name: g.pod.Name}, g.podUID})
 	}
 	for _, l := range s.locks {
-		if st := l.Status.Holder; st != nil && st.PodName != "" && st.PodUID == string(h.podUID) {
-			return st.PodName, l.Namespace
+		if st := l.Status.Holder; st != nil && st.PodName != "" {
+			out = append(out, knownHolder{types.NamespacedName{Namespace: l.Namespace, Name: st.PodName}, types.UID(st.PodUID)})
 		}
 	}
-	return "", ""
+	return out
 }
 
-// podPastCache reads a pod from the API server, or nil if it is gone (or
-// its name is another pod's now). The cache can lack a pod that still runs,
-// so a holder is never released on the cache's word alone: one
-// --pod-label-selector filters out once its label is taken away (the
-// filtered watch reports it deleted), or, just after the manager starts,
-// one the UID map (podNames) has not caught up with.
-func (r *DistributedLockReconciler) podPastCache(ctx context.Context, namespace, name string, uid types.UID) (*corev1.Pod, error) {
-	pod := &corev1.Pod{}
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, pod)
-	if apierrors.IsNotFound(err) || (err == nil && pod.UID != uid) {
-		return nil, nil
+// addKnownHolders adds to the scope the known holders (knownHolders) of its
+// namespaces that the cache did not yield. The cache can lack such a pod
+// while it runs: --pod-label-selector filters it out once its label is
+// taken away (the filtered watch reports it deleted), and just after a
+// start the UID map (podNames) can lag the cache. A holder must never be
+// released, or lose its sticky grant, on the cache's word alone, so such a
+// pod is read from the API server. It is then unwatched: it keeps what it
+// holds and was granted, is never a candidate, and since no event will say
+// when it stops, the key is polled for it.
+func (r *DistributedLockReconciler) addKnownHolders(ctx context.Context, s *scope) error {
+	for _, known := range r.knownHolders(s) {
+		if s.byUID[known.uid] != nil || !s.namespaces[known.Namespace] {
+			continue
+		}
+		pod, watched, err := r.podPastCache(ctx, known.NamespacedName, known.uid)
+		if err != nil {
+			return err
+		}
+		if pod == nil {
+			continue
+		}
+		s.addPod(pod)
+		if !watched {
+			s.unwatched[pod.UID] = true
+		}
 	}
-	if err != nil {
-		return nil, err
+	return nil
+}
+
+// podPastCache is the pod with the name and UID from the cache, or else
+// from the API server (watched is then false), or nil if it is gone.
+func (r *DistributedLockReconciler) podPastCache(ctx context.Context, name types.NamespacedName, uid types.UID) (pod *corev1.Pod, watched bool, err error) {
+	pod = &corev1.Pod{}
+	switch err := r.Get(ctx, name, pod, client.UnsafeDisableDeepCopy); {
+	case err == nil && pod.UID == uid:
+		return pod, true, nil
+	case err == nil:
+		return nil, false, nil // the cache already has a newer pod of that name
+	case !apierrors.IsNotFound(err):
+		return nil, false, err
 	}
-	return pod, nil
+	pod = &corev1.Pod{}
+	if err := r.APIReader.Get(ctx, name, pod); apierrors.IsNotFound(err) || (err == nil && pod.UID != uid) {
+		return nil, false, nil
+	} else if err != nil {
+		return nil, false, err
+	}
+	return pod, false, nil
+}
+
+// warnUnwatched tells, once per pod and process, that a holder's pod runs
+// outside the pod cache.
+func (r *DistributedLockReconciler) warnUnwatched(ctx context.Context, s *scope, pod *corev1.Pod) {
+	if _, warned := r.unwatchedWarned.LoadOrStore(pod.UID, true); warned {
+		return
+	}
+	log.FromContext(ctx).Info("a holder's pod is not in the pod cache; polling the key for its stop", "key", s.key, "pod", pod.Name)
+	r.eventf(s, pod.Namespace, corev1.EventTypeWarning, "HolderNotWatched",
+		"Pod %s holds %s, or was granted it, but the manager does not watch it (does it lack the --pod-label-selector labels?): it keeps the lock until it stops, which is looked for once a lease rather than seen at once", pod.Name, s.key)
 }
 
 // keepGrants keeps a grant sticky: a pod the controller granted the key to
@@ -310,7 +347,8 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		}
 		gone := false
 		if st := lock.Status.Holder; pod == nil && st != nil && st.PodUID == string(h.podUID) {
-			if pod, err = r.podPastCache(ctx, lock.Namespace, st.PodName, h.podUID); err != nil {
+			name := types.NamespacedName{Namespace: lock.Namespace, Name: st.PodName}
+			if pod, _, err = r.podPastCache(ctx, name, h.podUID); err != nil {
 				return err
 			}
 			gone = pod == nil

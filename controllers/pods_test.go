@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -76,6 +77,12 @@ func leaveFilter(t *testing.T, h *harness, pod *corev1.Pod, lock *locksv1.Distri
 	eventually(t, pod.Name+" to leave the manager's cache", func() bool {
 		return apierrors.IsNotFound(h.cache.Get(context.Background(), client.ObjectKeyFromObject(pod), &corev1.Pod{}))
 	})
+	reconcile(t, h, lock)
+}
+
+// reconcile runs the manager's reconciler on the lock at once.
+func reconcile(t *testing.T, h *harness, lock *locksv1.DistributedLock) {
+	t.Helper()
 	if _, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(lock)}); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +92,8 @@ func leaveFilter(t *testing.T, h *harness, pod *corev1.Pod, lock *locksv1.Distri
 // leaves the manager's cache as if it were deleted. It has not stopped: it
 // keeps the lock, and nobody else is granted it (here, leader election,
 // where nothing else would hold the next pod back), until the API server
-// shows it stopped.
+// shows it stopped. Its grant stays sticky as a watched pod's does: taken
+// again if Redis loses it, adopted and renewed by a new manager.
 func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
 	h := startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
 	ns := newNamespace(t)
@@ -103,8 +111,28 @@ func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
 	if got := holderOf(t, lock); got != "leader" {
 		t.Fatalf("status names %q as the holder, want leader", got)
 	}
+
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	if err := rdb.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reconcile(t, h, lock)
+	if !holds(t, key, leader) {
+		t.Fatalf("after Redis lost %s, it went to %+v, not back to the leader", key, inspect(t, key).Holders)
+	}
+
+	h.stop()
+	h = startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
+	reconcile(t, h, lock)
+	time.Sleep(2*getLock(t, lock).Spec.LeaseDuration.Duration + 500*time.Millisecond) // only the new manager renews
+	if !holds(t, key, leader) {
+		t.Fatalf("two leases after a new manager started, %s is held by %+v, not the leader", key, inspect(t, key).Holders)
+	}
+
 	setPhase(t, getPod(t, leader), corev1.PodSucceeded)
 	eventually(t, "the standby to be granted "+key+" once the leader stopped", func() bool { return holds(t, key, standby) })
+	eventually(t, "the leader's marks to be cleared", func() bool { return !markedBy(getPod(t, leader), "a") })
 }
 
 // The same for an in-pod client's hold: its pod, out of the cache, still

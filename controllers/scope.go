@@ -48,6 +48,10 @@ type scope struct {
 	// candidates are the pods some lock in mode Grant selects, oldest
 	// first: the one waiting order every such lock naming the key shares.
 	candidates []*corev1.Pod
+	// unwatched are the pods of the scope that the cache lacks, read from
+	// the API server because the controller knows them as holders
+	// (addKnownHolders).
+	unwatched map[types.UID]bool
 
 	// info is Redis's view of the key; holders are its owners.
 	info    redislock.LockInfo
@@ -91,7 +95,7 @@ var ownerPattern = regexp.MustCompile(`^[^:\s]+:[0-9]+$`)
 func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (*scope, error) {
 	s := &scope{
 		key: key, byUID: map[types.UID]*corev1.Pod{}, before: map[types.NamespacedName]*locksv1.DistributedLock{},
-		namespaces: map[string]bool{}, podByUID: r.podByUID,
+		namespaces: map[string]bool{}, unwatched: map[types.UID]bool{}, podByUID: r.podByUID,
 	}
 	var list locksv1.DistributedLockList
 	if err := r.List(ctx, &list, client.MatchingFields{keyIndex: key}); err != nil {
@@ -133,6 +137,10 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		}
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
+	// After the candidates: a known holder found only now is none.
+	if err := r.addKnownHolders(ctx, s); err != nil {
+		return nil, err
+	}
 
 	terms := leaseTerms{lease: 30 * time.Second, renew: 10 * time.Second} // the API's defaults
 	if len(s.locks) > 0 {
