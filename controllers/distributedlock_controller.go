@@ -65,9 +65,9 @@ type DistributedLockReconciler struct {
 	keys     keyMutex
 	podNames podNames
 	backoff  redisBackoff
-	// unwatchedWarned are the holders' pods outside the pod cache that a
-	// HolderNotWatched Event was sent for, until their holds are released.
-	unwatchedWarned sync.Map // types.UID -> true
+	// unwatchedWarned are, by key, the running pods outside the pod cache
+	// that a HolderNotWatched Event was sent for (pollUnwatched).
+	unwatchedWarned sync.Map // string -> map[types.UID]bool
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.dev,resources=distributedlocks,verbs=get;list;watch;patch
@@ -173,12 +173,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		r.keyReleases.unwatch(s.key)
 	}
 	// Nor does an unwatched pod's end arrive as an event.
-	for _, p := range s.pods {
-		if s.unwatched[p.UID] && !stopped(p) {
-			s.requeue(pollAfter(s.info.TTL))
-			r.warnUnwatched(ctx, s, p)
-		}
-	}
+	r.pollUnwatched(ctx, s)
 	return ctrl.Result{RequeueAfter: s.after}, nil
 }
 

@@ -30,7 +30,9 @@ func acquire(ctx context.Context, c *redislock.Client, key string, owner redislo
 // rather than being lost.
 func released(h *handle) bool { return errors.Is(h.Err(), redislock.ErrReleased) }
 
-// grant is a hold the controller keeps in Redis for a pod.
+// grant is a hold the controller keeps in Redis for a pod. hold is nil
+// once it was lost while the pod runs: the grant is still the pod's, and
+// is taken again for it when the key is free (keepGrants).
 type grant struct {
 	podUID types.UID
 	pod    types.NamespacedName

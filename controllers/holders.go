@@ -81,7 +81,6 @@ func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope
 			return err
 		}
 		r.grants.drop(s.key, h.podUID)
-		r.unwatchedWarned.Delete(h.podUID)
 		if h.pod != nil {
 			r.Metrics.observeRelease(time.Since(stopTime(h.pod)))
 		}
@@ -151,10 +150,12 @@ func (r *DistributedLockReconciler) knownHolders(s *scope) []knownHolder {
 // holds and was granted, is never a candidate, and since no event will say
 // when it stops, the key is polled for it.
 func (r *DistributedLockReconciler) addKnownHolders(ctx context.Context, s *scope) error {
+	looked := map[types.UID]bool{}
 	for _, known := range r.knownHolders(s) {
-		if s.byUID[known.uid] != nil || !s.namespaces[known.Namespace] {
+		if s.byUID[known.uid] != nil || !s.namespaces[known.Namespace] || looked[known.uid] {
 			continue
 		}
+		looked[known.uid] = true
 		pod, watched, err := r.podPastCache(ctx, known.NamespacedName, known.uid)
 		if err != nil {
 			return err
@@ -191,12 +192,31 @@ func (r *DistributedLockReconciler) podPastCache(ctx context.Context, name types
 	return pod, false, nil
 }
 
-// warnUnwatched tells, once per pod and process, that a holder's pod runs
-// outside the pod cache.
-func (r *DistributedLockReconciler) warnUnwatched(ctx context.Context, s *scope, pod *corev1.Pod) {
-	if _, warned := r.unwatchedWarned.LoadOrStore(pod.UID, true); warned {
-		return
+// pollUnwatched asks for another look at the key while an unwatched pod of
+// the scope runs, since no event will say when it stops, and tells once
+// that it runs outside the pod cache.
+func (r *DistributedLockReconciler) pollUnwatched(ctx context.Context, s *scope) {
+	// Only this key's reconcile, one at a time, reads or writes its entry.
+	before, _ := r.unwatchedWarned.Load(s.key)
+	warned, _ := before.(map[types.UID]bool)
+	now := map[types.UID]bool{}
+	for _, p := range s.pods {
+		if s.unwatched[p.UID] && !stopped(p) {
+			s.requeue(pollAfter(s.info.TTL))
+			now[p.UID] = true
+			if !warned[p.UID] {
+				r.warnUnwatched(ctx, s, p)
+			}
+		}
 	}
+	if len(now) > 0 {
+		r.unwatchedWarned.Store(s.key, now)
+	} else if warned != nil {
+		r.unwatchedWarned.Delete(s.key)
+	}
+}
+
+func (r *DistributedLockReconciler) warnUnwatched(ctx context.Context, s *scope, pod *corev1.Pod) {
 	log.FromContext(ctx).Info("a holder's pod is not in the pod cache; polling the key for its stop", "key", s.key, "pod", pod.Name)
 	r.eventf(s, pod.Namespace, corev1.EventTypeWarning, "HolderNotWatched",
 		"Pod %s holds %s, or was granted it, but the manager does not watch it (does it lack the --pod-label-selector labels?): it keeps the lock until it stops, which is looked for once a lease rather than seen at once", pod.Name, s.key)
@@ -208,12 +228,22 @@ func (r *DistributedLockReconciler) warnUnwatched(ctx context.Context, s *scope,
 // nobody else is granted it.
 func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) error {
 	// A grant this process holds is lost if its lease ended, or if Redis no
-	// longer shows it (the watchdog may not have noticed yet).
-	if g := r.grants.get(s.key); g != nil {
+	// longer shows it (the watchdog may not have noticed yet). Its pod keeps
+	// the grant while it runs: the record stays, without a hold, so that the
+	// pod stays known (knownHolders) even if the cache lacks it, until it
+	// stops or the key is held for it again.
+	if g := r.grants.get(s.key); g != nil && g.hold == nil {
+		if p := s.byUID[g.podUID]; p == nil || stopped(p) {
+			r.grants.drop(s.key, g.podUID)
+		}
+	} else if g != nil {
 		h, held := s.heldBy(g.podUID)
 		if g.hold.Err() != nil || !held || !h.byController() {
 			r.grants.drop(s.key, g.podUID)
 			if p := s.byUID[g.podUID]; p != nil && !released(g.hold) {
+				if !stopped(p) {
+					r.grants.put(s.key, &grant{podUID: g.podUID, pod: g.pod})
+				}
 				cause := redislock.ErrNotOwner
 				if err := g.hold.Err(); err != nil {
 					cause = err
@@ -267,7 +297,7 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 // adopt takes over the renewal of a grant made before the manager restarted
 // (or by another manager replica), keeping its fencing token.
 func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *corev1.Pod) error {
-	if g := r.grants.get(s.key); g != nil && g.podUID == pod.UID && g.hold.Err() == nil {
+	if g := r.grants.get(s.key); g != nil && g.podUID == pod.UID && g.hold != nil && g.hold.Err() == nil {
 		return nil
 	}
 	hold, err := acquire(ctx, s.client, s.key, ownerFor(pod.UID))
@@ -334,6 +364,7 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		}
 		return false
 	}
+	var unwatched []*corev1.Pod
 	for _, h := range s.holders {
 		if !h.byController() {
 			continue
@@ -348,10 +379,14 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		gone := false
 		if st := lock.Status.Holder; pod == nil && st != nil && st.PodUID == string(h.podUID) {
 			name := types.NamespacedName{Namespace: lock.Namespace, Name: st.PodName}
-			if pod, _, err = r.podPastCache(ctx, name, h.podUID); err != nil {
+			var watched bool
+			if pod, watched, err = r.podPastCache(ctx, name, h.podUID); err != nil {
 				return err
 			}
 			gone = pod == nil
+			if pod != nil && !watched {
+				unwatched = append(unwatched, pod) // podsOf will not find it
+			}
 		}
 		ours := pod != nil && !claimed(pod)
 		if !ours && !gone {
@@ -374,7 +409,7 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 	if err != nil {
 		return err
 	}
-	for _, p := range marked {
+	for _, p := range append(marked, unwatched...) {
 		if !carriesMarks(p, lock.Name) {
 			continue
 		}

@@ -93,7 +93,8 @@ func reconcile(t *testing.T, h *harness, lock *locksv1.DistributedLock) {
 // keeps the lock, and nobody else is granted it (here, leader election,
 // where nothing else would hold the next pod back), until the API server
 // shows it stopped. Its grant stays sticky as a watched pod's does: taken
-// again if Redis loses it, adopted and renewed by a new manager.
+// again if Redis loses it, adopted and renewed by a new manager, and given
+// back to it after somebody else held the key meanwhile.
 func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
 	h := startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
 	ns := newNamespace(t)
@@ -122,12 +123,34 @@ func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
 		t.Fatalf("after Redis lost %s, it went to %+v, not back to the leader", key, inspect(t, key).Holders)
 	}
 
+	token := inspect(t, key).Token
 	h.stop()
 	h = startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
 	reconcile(t, h, lock)
 	time.Sleep(2*getLock(t, lock).Spec.LeaseDuration.Duration + 500*time.Millisecond) // only the new manager renews
+	if info := inspect(t, key); !holds(t, key, leader) || info.Token != token {
+		t.Fatalf("two leases after a new manager started, %s is held by %+v with token %d, want the leader's adopted hold, token %d",
+			key, info.Holders, info.Token, token)
+	}
+
+	// Somebody else takes the key in Redis: a conflict, after which the
+	// key goes back to the leader, not to the standby.
+	if _, err := rdb.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
+		p.Del(context.Background(), key)
+		p.HSet(context.Background(), key, "outsider:1", 1)
+		p.PExpire(context.Background(), key, time.Minute)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	reconcile(t, h, lock)
+	reconcile(t, h, lock) // the first reconcile to find the conflict drops the lost hold
+	if err := rdb.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reconcile(t, h, lock)
 	if !holds(t, key, leader) {
-		t.Fatalf("two leases after a new manager started, %s is held by %+v, not the leader", key, inspect(t, key).Holders)
+		t.Fatalf("after a conflict, %s went to %+v, not back to the leader", key, inspect(t, key).Holders)
 	}
 
 	setPhase(t, getPod(t, leader), corev1.PodSucceeded)
@@ -160,7 +183,7 @@ func TestInPodHolderLeavingThePodFilterKeepsItsHold(t *testing.T) {
 
 // Deleting one of two locks on a key releases a grant only if no lock left
 // claims its pod; a holder out of the cache is looked up for that, not
-// taken for gone.
+// taken for gone, and loses the deleted lock's marks.
 func TestDeletingALockKeepsTheGrantOfAHolderOutsideThePodFilter(t *testing.T) {
 	h := startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
 	ns := newNamespace(t)
@@ -183,6 +206,9 @@ func TestDeletingALockKeepsTheGrantOfAHolderOutsideThePodFilter(t *testing.T) {
 	})
 	if !holds(t, key, leader) {
 		t.Fatalf("deleting lock two released the leader, which lock one still selects: %+v", inspect(t, key))
+	}
+	if markedBy(getPod(t, leader), "two") {
+		t.Fatal("the deleted lock's marks are still on the leader")
 	}
 }
 
