@@ -10,11 +10,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -278,6 +282,48 @@ func TestCase4LocksSharingAKeyInANamespace(t *testing.T) {
 	}
 }
 
+// Case 4, one namespace: a grant lost to somebody else while its pod runs
+// stays the pod's (sticky), but deleting the lock that made it ends it too
+// when no lock left claims the pod: the key then goes to the remaining
+// lock's candidate, not back to the old pod.
+func TestCase4DeletingALockEndsItsGrantInConflict(t *testing.T) {
+	h := startManager(t)
+	ns := newNamespace(t)
+	key := sharedKey(ns, "shared")
+	p1 := createPod(t, ns, "p1", "x")
+	p2 := createPod(t, ns, "p2", "y")
+	one := createLock(t, ns, "one", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	eventually(t, "p1 to hold the key", func() bool { return holds(t, key, p1) })
+	two := createLock(t, ns, "two", "y", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	if _, err := rdb.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
+		p.Del(context.Background(), key)
+		p.HSet(context.Background(), key, "outsider:1", 1)
+		p.PExpire(context.Background(), key, time.Minute)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a Conflict condition", func() bool {
+		return meta.IsStatusConditionTrue(getLock(t, two).Status.Conditions, locksv1.ConditionConflict)
+	})
+	if err := k8s.Delete(context.Background(), one); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "lock one to go", func() bool {
+		return apierrors.IsNotFound(k8s.Get(context.Background(), client.ObjectKeyFromObject(one), &locksv1.DistributedLock{}))
+	})
+	if err := rdb.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(two)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "p2 to be granted the key", func() bool { return holds(t, key, p2) })
+}
+
 // Case 4, two namespaces sharing a key by the administrator's leave: the
 // lock in B never shows A's pod, and deleting it releases nothing of A's.
 func TestCase4LocksSharingAKeyAcrossNamespaces(t *testing.T) {
@@ -388,6 +434,63 @@ func TestCase7HolderThatDoesNotStart(t *testing.T) {
 	}
 	forceDelete(t, run1) // the kubelet confirms
 	eventually(t, "run-2 to be ungated", func() bool { return !gatedWith(getPod(t, run2), gateFor("singleton")) })
+}
+
+// Case 7, with a PodDisruptionBudget: a crash-looping holder (phase
+// Running, so the budget applies) that the budget does not let go yet is
+// not an error to back off from: the controller says so in a Warning Event,
+// keeps the statuses current, and tries again as kubectl drain does.
+func TestCase7EvictionRefusedByABudget(t *testing.T) {
+	h := startManager(t)
+	ns := newNamespace(t)
+	run1 := createPod(t, ns, "run-1", "job", gatedBy("singleton"))
+	budget := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "job"},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: ptr.To(intstr.FromInt32(1)),
+			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"app": "job"}},
+		},
+	}
+	if err := k8s.Create(context.Background(), budget); err != nil {
+		t.Fatal(err)
+	}
+	// The budget's status, as the disruption controller (not run here)
+	// writes it: the crash-looping pod is not healthy, so the budget is not
+	// met and allows no disruption, not even of an unhealthy pod. Without a
+	// status, the API server waits for that controller on each eviction
+	// before refusing it.
+	budget.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: budget.Generation,
+		ExpectedPods: 1, CurrentHealthy: 0, DesiredHealthy: 1, DisruptionsAllowed: 0}
+	if err := k8s.Status().Update(context.Background(), budget); err != nil {
+		t.Fatal(err)
+	}
+	lock := createLock(t, ns, "singleton", "job", func(l *locksv1.DistributedLock) {
+		l.Spec.StartTimeout = &metav1.Duration{Duration: time.Second}
+		l.Spec.DeleteUnstarted = true
+	})
+	eventually(t, "run-1 to be ungated", func() bool { return !gatedWith(getPod(t, run1), gateFor("singleton")) })
+	bind(t, run1)
+	setContainers(t, run1, corev1.PodRunning, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}})
+	time.Sleep(time.Second) // the start timeout
+
+	res, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(lock)})
+	if err != nil {
+		t.Fatalf("a refused eviction failed the reconcile: %v", err)
+	}
+	if res.RequeueAfter <= 0 {
+		t.Fatal("no retry of the refused eviction was asked for")
+	}
+	assertEvents(t, ns, "EvictionRefused")
+	if !getPod(t, run1).DeletionTimestamp.IsZero() {
+		t.Fatal("run-1 was evicted against its budget")
+	}
+
+	// The budget goes: the next try evicts run-1.
+	if err := k8s.Delete(context.Background(), budget); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "run-1 to be evicted", func() bool { return !getPod(t, run1).DeletionTimestamp.IsZero() })
+	forceDelete(t, run1) // the kubelet confirms
 }
 
 // Case 8: a lock freed outside the controller wakes it through Redis's

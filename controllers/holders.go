@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,7 +38,7 @@ func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 		}
 	}
 	if g := r.grants.get(s.key); g != nil {
-		if p := s.byUID[g.podUID]; p != nil && !stopped(p) {
+		if p := s.byUID[g.podUID]; p != nil && !stopped(p) && len(s.locksIn(p.Namespace)) > 0 {
 			return p
 		}
 	}
@@ -241,7 +242,9 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 		if g.hold.Err() != nil || !held || !h.byController() {
 			r.grants.drop(s.key, g.podUID)
 			if p := s.byUID[g.podUID]; p != nil && !released(g.hold) {
-				if !stopped(p) {
+				// Not for a namespace that may no longer use the key, nor
+				// for a pod whose own client holds it now.
+				if _, heldItself := s.heldBy(g.podUID); !stopped(p) && len(s.locksIn(p.Namespace)) > 0 && !heldItself {
 					r.grants.put(s.key, &grant{podUID: g.podUID, pod: g.pod})
 				}
 				cause := redislock.ErrNotOwner
@@ -404,6 +407,20 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		}
 		r.Recorder.Eventf(lock, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", s.key, name)
 		r.Metrics.transition(lock, "released")
+	}
+	// A grant lost while its pod runs (kept without a hold, see keepGrants)
+	// ends with the lock too, unless a lock left claims the pod.
+	if g := r.grants.get(s.key); g != nil && g.hold == nil && g.pod.Namespace == lock.Namespace {
+		pod, watched, err := r.podPastCache(ctx, g.pod, g.podUID)
+		if err != nil {
+			return err
+		}
+		if pod == nil || !claimed(pod) {
+			r.grants.drop(s.key, g.podUID)
+		}
+		if pod != nil && !watched && !slices.ContainsFunc(unwatched, func(p *corev1.Pod) bool { return p.UID == pod.UID }) {
+			unwatched = append(unwatched, pod)
+		}
 	}
 	marked, err := r.podsOf(ctx, lock)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,6 +20,10 @@ import (
 
 // defaultStartTimeout is the API's default for spec.startTimeout.
 const defaultStartTimeout = 5 * time.Minute
+
+// evictionRetry is how soon an eviction a PodDisruptionBudget refused is
+// tried again: kubectl drain's interval.
+const evictionRetry = 5 * time.Second
 
 // watchStartup reports a holder the controller granted the lock to that has
 // not started within each lock's startTimeout, and evicts it if the lock
@@ -56,7 +61,16 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionFalse, "NotStarted", msg)
 		if l.Spec.DeleteUnstarted && pod.DeletionTimestamp.IsZero() {
 			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
-			if err := client.IgnoreNotFound(r.SubResource("eviction").Create(ctx, pod, eviction)); err != nil {
+			err := client.IgnoreNotFound(r.SubResource("eviction").Create(ctx, pod, eviction))
+			if apierrors.IsTooManyRequests(err) {
+				// A PodDisruptionBudget does not allow it now. That is no
+				// failure to back off from: try again, as kubectl drain does.
+				r.Recorder.Eventf(l, corev1.EventTypeWarning, "EvictionRefused",
+					"Could not evict %s, which has not started within %v: a PodDisruptionBudget does not allow it now; trying again every %v", pod.Name, timeout, evictionRetry)
+				s.requeue(evictionRetry)
+				continue
+			}
+			if err != nil {
 				return err
 			}
 			r.Recorder.Eventf(l, corev1.EventTypeWarning, "Evicted", "Evicted %s, which had not started within %v; the lock is released once it is gone", pod.Name, timeout)
