@@ -208,7 +208,8 @@ func TestDeletingALockKeepsTheGrantOfAHolderOutsideThePodFilter(t *testing.T) {
 		t.Fatalf("deleting lock two released the leader, which lock one still selects: %+v", inspect(t, key))
 	}
 	if markedBy(getPod(t, leader), "two") {
-		t.Fatal("the deleted lock's marks are still on the leader")
+		p := getPod(t, leader)
+		t.Fatalf("the deleted lock's marks are still on the leader: %v %v", p.Labels, p.Annotations)
 	}
 }
 
