@@ -124,7 +124,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		// this lock's pod events are what say it has.
 	}
 
-	s, err := r.loadScope(ctx, key, req.NamespacedName)
+	s, err := r.loadScope(ctx, key)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -226,7 +226,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *l
 		return ctrl.Result{}, nil
 	}
 	if r.Keys.Permits(lock.Namespace, key) {
-		s, err := r.loadScope(ctx, key, types.NamespacedName{})
+		s, err := r.loadScope(ctx, key)
 		if err != nil {
 			return ctrl.Result{}, err
 		}

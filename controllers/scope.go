@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
@@ -92,13 +91,8 @@ func (h holder) byController() bool { return strings.HasSuffix(string(h.owner), 
 // the key is some other hash, whose fields are none of the tenant's business.
 var ownerPattern = regexp.MustCompile(`^[^:\s]+:[0-9]+$`)
 
-// loadScope reads the locks naming the key, their pods and Redis. Only
-// locks with the finalizer take part: a lock another lock's reconcile
-// marked pods or granted for before its own reconcile added the finalizer
-// could be deleted with nothing released or unmarked. reconciled is the lock
-// whose reconcile this is, which has just been given the finalizer if the
-// cache does not show it yet (zero when deleting).
-func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string, reconciled types.NamespacedName) (*scope, error) {
+// loadScope reads the locks naming the key, their pods and Redis.
+func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (*scope, error) {
 	s := &scope{
 		key: key, byUID: map[types.UID]*corev1.Pod{}, before: map[types.NamespacedName]*locksv1.DistributedLock{},
 		namespaces: map[string]bool{}, unwatched: map[types.UID]bool{}, podByUID: r.podByUID,
@@ -111,9 +105,6 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string, r
 		l := &list.Items[i]
 		if !l.DeletionTimestamp.IsZero() {
 			continue
-		}
-		if !controllerutil.ContainsFinalizer(l, locksv1.Finalizer) && client.ObjectKeyFromObject(l) != reconciled {
-			continue // its own reconcile, queued, adds it and settles the key
 		}
 		s.namespaces[l.Namespace] = true
 		if !r.Keys.Permits(l.Namespace, key) {
