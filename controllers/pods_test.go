@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
@@ -193,8 +194,9 @@ func TestDeletingALockKeepsTheGrantOfAHolderOutsideThePodFilter(t *testing.T) {
 	createPod(t, ns, "standby", "x", optedIn)
 	one := createLock(t, ns, "one", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
 	two := createLock(t, ns, "two", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
-	eventually(t, "both locks to show the leader", func() bool {
-		return holds(t, key, leader) && holderOf(t, one) == "leader" && holderOf(t, two) == "leader"
+	eventually(t, "both locks to show the leader, each with its finalizer", func() bool {
+		return holds(t, key, leader) && holderOf(t, one) == "leader" && holderOf(t, two) == "leader" &&
+			controllerutil.ContainsFinalizer(getLock(t, two), locksv1.Finalizer)
 	})
 
 	leaveFilter(t, h, leader, one)

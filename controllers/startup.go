@@ -63,10 +63,11 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
 			err := client.IgnoreNotFound(r.SubResource("eviction").Create(ctx, pod, eviction))
 			if apierrors.IsTooManyRequests(err) {
-				// A PodDisruptionBudget does not allow it now. That is no
-				// failure to back off from: try again, as kubectl drain does.
+				// A PodDisruptionBudget does not allow it now (or the API
+				// server throttles us). That is no failure to back off
+				// from: try again, as kubectl drain does.
 				r.Recorder.Eventf(l, corev1.EventTypeWarning, "EvictionRefused",
-					"Could not evict %s, which has not started within %v: a PodDisruptionBudget does not allow it now; trying again every %v", pod.Name, timeout, evictionRetry)
+					"Could not evict %s, which has not started within %v: the API server refused it for now (a PodDisruptionBudget, or throttling); trying again every %v", pod.Name, timeout, evictionRetry)
 				s.requeue(evictionRetry)
 				continue
 			}
