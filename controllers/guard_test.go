@@ -72,6 +72,21 @@ func holds(t *testing.T, key string, pod *corev1.Pod) bool {
 	return len(info.Holders) == 1 && string(info.Holders[0].Owner) == string(pod.UID)+":0"
 }
 
+// takeAsOutsider has somebody else take the key in Redis in one step, so
+// the controller cannot take it back first: Redisson's layout, a hash with
+// the owner.
+func takeAsOutsider(t *testing.T, rdb *redis.Client, key string) {
+	t.Helper()
+	if _, err := rdb.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
+		p.Del(context.Background(), key)
+		p.HSet(context.Background(), key, "outsider:1", 1)
+		p.PExpire(context.Background(), key, time.Minute)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // settle gives the controller time to act on the last change. It is used
 // only before asserting that something did NOT happen.
 func settle() { time.Sleep(700 * time.Millisecond) }
@@ -171,18 +186,10 @@ func TestCase2LostLeaseNeverUngatesASecondPod(t *testing.T) {
 		t.Fatalf("status after the loss = %+v, want run-1 with a new token above %d", st.Holder, token)
 	}
 
-	// Someone else takes the lock in Redis, in one step, so the controller
-	// cannot take it back first: Redisson's layout, a hash with the owner.
+	// Someone else takes the lock in Redis.
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rdb.Close()
-	if _, err := rdb.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
-		p.Del(context.Background(), key)
-		p.HSet(context.Background(), key, "outsider:1", 1)
-		p.PExpire(context.Background(), key, time.Minute)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	takeAsOutsider(t, rdb, key)
 	assertEvents(t, ns, "Conflict")
 	eventually(t, "a Conflict condition", func() bool {
 		c := meta.FindStatusCondition(getLock(t, lock).Status.Conditions, "Conflict")
@@ -298,14 +305,7 @@ func TestCase4DeletingALockEndsItsGrantInConflict(t *testing.T) {
 
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rdb.Close()
-	if _, err := rdb.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
-		p.Del(context.Background(), key)
-		p.HSet(context.Background(), key, "outsider:1", 1)
-		p.PExpire(context.Background(), key, time.Minute)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	takeAsOutsider(t, rdb, key)
 	eventually(t, "a Conflict condition", func() bool {
 		return meta.IsStatusConditionTrue(getLock(t, two).Status.Conditions, locksv1.ConditionConflict)
 	})

@@ -136,14 +136,7 @@ func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
 
 	// Somebody else takes the key in Redis: a conflict, after which the
 	// key goes back to the leader, not to the standby.
-	if _, err := rdb.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
-		p.Del(context.Background(), key)
-		p.HSet(context.Background(), key, "outsider:1", 1)
-		p.PExpire(context.Background(), key, time.Minute)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	takeAsOutsider(t, rdb, key)
 	reconcile(t, h, lock)
 	reconcile(t, h, lock) // the first reconcile to find the conflict drops the lost hold
 	if err := rdb.Del(context.Background(), key).Err(); err != nil {
