@@ -44,9 +44,10 @@ func CacheOptions(pods labels.Selector) cache.Options {
 // volumes, other tools' annotations and the status messages, is most of a
 // pod's size. The kept conditions and container states are fresh copies;
 // the labels and gates are kept as decoded, each its own allocation, so
-// nothing of the rest of the decoded object stays alive behind them. The controller only ever writes a pod with a merge
-// patch of its labels, own annotations and gates computed between two such
-// stripped copies, so what is dropped is never written.
+// nothing of the rest of the decoded object stays alive behind them. The
+// controller only ever writes a pod with a merge patch of its labels, own
+// annotations and gates computed between two such stripped copies, so what
+// is dropped is never written.
 func stripPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -102,9 +104,9 @@ func TestUnsharingAKeyKeepsARunningGrant(t *testing.T) {
 	setPhase(t, getPod(t, pb), corev1.PodRunning)
 	first.stop()
 
-	startManager(t, sharing(key, nsA))
+	second := startManager(t, sharing(key, nsA))
 	pa := createPod(t, nsA, "pa", "x", gatedBy("a"))
-	createLock(t, nsA, "a", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	a := createLock(t, nsA, "a", "x", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
 	eventually(t, "lock b to be refused its key", func() bool {
 		c := meta.FindStatusCondition(getLock(t, b).Status.Conditions, locksv1.ConditionReady)
 		return c != nil && c.Reason == "KeyNotPermitted"
@@ -115,6 +117,20 @@ func TestUnsharingAKeyKeepsARunningGrant(t *testing.T) {
 	}
 	if !holds(t, key, pb) {
 		t.Fatalf("pb's grant lapsed while pb runs: %+v", inspect(t, key))
+	}
+
+	// Redis loses pb's grant: the key is not taken again for pb, whose
+	// namespace may no longer use it (the README's promise).
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	if err := rdb.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(a)}); err != nil {
+		t.Fatal(err)
+	}
+	if holds(t, key, pb) {
+		t.Fatal("the key was taken again for pb, in a namespace it was un-shared from")
 	}
 
 	// pb ends: its grant is released, and pa, in a namespace that may use
