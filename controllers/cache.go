@@ -38,27 +38,29 @@ func CacheOptions(pods labels.Selector) cache.Options {
 }
 
 // stripPod keeps what the controller reads of a pod: its identity, labels,
-// lockwarden's own annotations, and timestamps; its scheduling gates and
-// node; its phase, and of its conditions (see stripConditions) and
-// container states the types, statuses, reasons and times. The rest, above all the container specs and
-// volumes, other tools' annotations and the status messages, is most of a
-// pod's size. The kept conditions and container states are fresh copies;
-// the labels and gates are kept as decoded, each its own allocation, so
-// nothing of the rest of the decoded object stays alive behind them. The
-// controller only ever writes a pod with a merge patch of its labels, own
-// annotations and gates computed between two such stripped copies, so what
-// is dropped is never written.
+// lockwarden's own annotations, and timestamps; its scheduling gates, node,
+// and its containers' names (and init containers' restart policies, which
+// make native sidecars); its phase, and of its conditions (see
+// stripConditions) and container statuses the states, restart counts,
+// reasons and times. The rest, above all the container specs and volumes,
+// other tools' annotations and the status messages, is most of a pod's
+// size. The kept conditions, containers and statuses are fresh copies; the
+// labels and gates are kept as decoded, each its own allocation, so nothing
+// of the rest of the decoded object stays alive behind them. The controller
+// only ever writes a pod with a merge patch of its labels, own annotations
+// and gates computed between two such stripped copies, so what is dropped
+// is never written.
 func stripPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	// A pod without containers is one stripPod made: the API admits none.
-	// client-go transforms the objects of an informer's initial watch-list
-	// twice (into a temporary store, then again as they replace the
-	// cache's), and a second copy of every pod, alive until the first is
-	// dropped, made the cache's start-up the manager's peak of memory.
-	if len(pod.Spec.Containers) == 0 {
+	// A stripped pod's containers have no image, which the API requires of
+	// every pod. client-go transforms the objects of an informer's initial
+	// watch-list twice (into a temporary store, then again as they replace
+	// the cache's), and a second copy of every pod, alive until the first
+	// is dropped, made the cache's start-up the manager's peak of memory.
+	if len(pod.Spec.Containers) == 0 || pod.Spec.Containers[0].Image == "" {
 		return pod, nil
 	}
 	stripped := &corev1.Pod{
@@ -68,7 +70,10 @@ func stripPod(obj any) (any, error) {
 			Generation: pod.Generation, CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp,
 			Labels: pod.Labels, Annotations: ownAnnotations(pod.Annotations),
 		},
-		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName, SchedulingGates: pod.Spec.SchedulingGates},
+		Spec: corev1.PodSpec{
+			NodeName: pod.Spec.NodeName, SchedulingGates: pod.Spec.SchedulingGates,
+			InitContainers: stripContainers(pod.Spec.InitContainers), Containers: stripContainers(pod.Spec.Containers),
+		},
 		Status: corev1.PodStatus{
 			Phase:                 pod.Status.Phase,
 			Conditions:            stripConditions(pod.Status.Conditions),
@@ -77,6 +82,19 @@ func stripPod(obj any) (any, error) {
 		},
 	}
 	return stripped, nil
+}
+
+// stripContainers keeps each container's name and restart policy: an init
+// container with restartPolicy Always is a native sidecar.
+func stripContainers(in []corev1.Container) []corev1.Container {
+	if in == nil {
+		return nil
+	}
+	out := make([]corev1.Container, len(in))
+	for i, c := range in {
+		out[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
+	}
+	return out
 }
 
 // ownAnnotations are the annotations lockwarden writes, nil if none.
@@ -122,19 +140,24 @@ func stripContainerStatuses(in []corev1.ContainerStatus) []corev1.ContainerStatu
 	}
 	out := make([]corev1.ContainerStatus, len(in))
 	for i, cs := range in {
-		var state corev1.ContainerState
-		if w := cs.State.Waiting; w != nil {
-			state.Waiting = &corev1.ContainerStateWaiting{Reason: w.Reason}
-		}
-		if r := cs.State.Running; r != nil {
-			state.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
-		}
-		if t := cs.State.Terminated; t != nil {
-			state.Terminated = &corev1.ContainerStateTerminated{ExitCode: t.ExitCode, Reason: t.Reason, FinishedAt: t.FinishedAt}
-		}
-		out[i] = corev1.ContainerStatus{Name: cs.Name, State: state}
+		out[i] = corev1.ContainerStatus{Name: cs.Name, RestartCount: cs.RestartCount,
+			State: stripState(cs.State), LastTerminationState: stripState(cs.LastTerminationState)}
 	}
 	return out
+}
+
+func stripState(in corev1.ContainerState) corev1.ContainerState {
+	var state corev1.ContainerState
+	if w := in.Waiting; w != nil {
+		state.Waiting = &corev1.ContainerStateWaiting{Reason: w.Reason}
+	}
+	if r := in.Running; r != nil {
+		state.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
+	}
+	if t := in.Terminated; t != nil {
+		state.Terminated = &corev1.ContainerStateTerminated{ExitCode: t.ExitCode, Reason: t.Reason, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt}
+	}
+	return state
 }
 
 // ignoreOwnMarks drops pod updates that only set or change lockwarden's own
@@ -177,7 +200,7 @@ func isOwnMark(key string) bool {
 
 // ownMarkPrefixes are the prefixes of the labels and annotations lockwarden
 // writes on pods.
-var ownMarkPrefixes = []string{locksv1.HolderLabelPrefix, locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix}
+var ownMarkPrefixes = append([]string{locksv1.HolderLabelPrefix}, locksv1.MarkAnnotationPrefixes...)
 
 func withoutOwnMarks(pod *corev1.Pod) *corev1.Pod {
 	p := pod.DeepCopy()

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -87,13 +88,14 @@ func TestRedisBackoff(t *testing.T) {
 // it keeps of the metadata is what the marks and selectors use.
 func TestStripPodKeepsWhatIsRead(t *testing.T) {
 	at := func(s int) metav1.Time { return metav1.NewTime(time.Date(2026, 11, 23, 10, 0, s, 0, time.UTC)) }
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(3)}}
 	full := func(phase corev1.PodPhase, states ...corev1.ContainerState) *corev1.Pod {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{
 				Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"app": "x"},
 				Annotations: map[string]string{"kubectl.kubernetes.io/restartedAt": "now", "big": string(make([]byte, 4096))},
 			},
-			Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "main", Image: "busybox", Command: []string{"sleep", "1"}}}},
+			Spec: corev1.PodSpec{NodeName: "n", InitContainers: []corev1.Container{{Name: "sidecar", Image: "envoy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}},
 			Status: corev1.PodStatus{
 				Phase: phase,
 				Conditions: []corev1.PodCondition{
@@ -105,10 +107,18 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 			},
 		}
 		setMarks(p, "l", "u:0", 3)
+		p.Annotations[locksv1.UngatedAnnotationPrefix+"l"] = "3"
+		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "sidecar", State: running, Image: "envoy", RestartCount: 1,
+			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", StartedAt: at(2), FinishedAt: at(3)}}}}
 		for i, s := range states {
+			name := fmt.Sprint("c", i)
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: name, Image: "busybox", Command: []string{"sleep", "1"}})
 			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
-				Name: fmt.Sprint("c", i), State: s, Image: "busybox", ImageID: "sha256:abc", ContainerID: "containerd://x", RestartCount: 2,
+				Name: name, State: s, Image: "busybox", ImageID: "sha256:abc", ContainerID: "containerd://x", RestartCount: 2,
 			})
+		}
+		if len(states) == 0 {
+			p.Spec.Containers = []corev1.Container{{Name: "main", Image: "busybox"}}
 		}
 		return p
 	}
@@ -116,9 +126,13 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 		p.Status.Conditions[0] = corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: at(1)}
 		return p
 	}
-	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(3)}}
 	waiting := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "back-off pulling image"}}
-	done := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: "bye", FinishedAt: at(9)}}
+	crashing := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: "back-off restarting"}}
+	done := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: "bye", StartedAt: at(4), FinishedAt: at(9)}}
+	deleting := func(p *corev1.Pod) *corev1.Pod {
+		p.DeletionTimestamp = &metav1.Time{Time: at(8).Time}
+		return p
+	}
 	for name, pod := range map[string]*corev1.Pod{
 		"pending":   full(corev1.PodPending),
 		"pulling":   full(corev1.PodPending, waiting),
@@ -127,6 +141,8 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 		"one done":  full(corev1.PodRunning, running, done),
 		"all done":  full(corev1.PodRunning, done, done),
 		"succeeded": full(corev1.PodSucceeded, done),
+		"crashing":  full(corev1.PodRunning, crashing),
+		"deleting":  deleting(full(corev1.PodRunning, done, done)),
 	} {
 		got, err := stripPod(pod)
 		if err != nil {
@@ -137,11 +153,12 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 			t.Errorf("%s: stripping a stripped pod copied it again", name)
 		}
 		if stopped(s) != stopped(pod) || started(s) != started(pod) || whyNotStarted(s) != whyNotStarted(pod) ||
-			!stopTime(s).Equal(stopTime(pod)) || grantedAt(s, "l") != grantedAt(pod, "l") || !markedBy(s, "l") || !carriesMarks(s, "l") {
-			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v",
-				name, stopped(s), stopped(pod), started(s), started(pod), whyNotStarted(s), whyNotStarted(pod), stopTime(s), stopTime(pod))
+			!stopTime(s).Equal(stopTime(pod)) || !markedAt(s, "l").Equal(markedAt(pod, "l")) || !lastUngated(s).Equal(lastUngated(pod)) ||
+			restarting(s) != restarting(pod) || !markedBy(s, "l") || !carriesMarks(s, "l") {
+			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v, restarting %q/%q",
+				name, stopped(s), stopped(pod), started(s), started(pod), whyNotStarted(s), whyNotStarted(pod), stopTime(s), stopTime(pod), restarting(s), restarting(pod))
 		}
-		if len(s.Annotations) != 3 || len(s.Spec.Containers) != 0 || len(s.Status.Conditions) > 2 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
+		if len(s.Annotations) != 4 || s.Spec.Containers[0].Image != "" || len(s.Status.Conditions) > 2 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
 			t.Errorf("%s: kept annotations %v, containers %v, conditions %+v, labels %v",
 				name, s.Annotations, s.Spec.Containers, s.Status.Conditions, s.Labels)
 		}

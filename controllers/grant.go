@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -38,14 +37,18 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 				return err
 			}
 		}
-		hold, err := acquire(ctx, s.client, s.key, ownerFor(pod.UID))
+		terms, c, err := r.clientFor(s, pod)
+		if err != nil {
+			return err
+		}
+		hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
 		if errors.Is(err, redislock.ErrWaitTimeout) {
 			return s.reread(ctx) // taken meanwhile, or reserved for a queued client
 		}
 		if err != nil {
 			return err
 		}
-		r.remember(s, pod, hold)
+		r.remember(s, pod, terms, hold)
 		s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
 		s.info.Token = hold.Token()
 		s.grantee = pod
@@ -59,46 +62,32 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 }
 
 // eligible reports whether a candidate may be granted the key now. It must
-// not be stopped or being deleted. A guarded pod (one gated by a lock on
-// this key) waits behind its gate; if it is gated by other locks too, it
-// takes them in the order of their keys, so two pods guarded by the same
-// locks never each hold one and wait for the other. An unguarded pod must be
-// Running, and waits for no other lock.
+// not be stopped or being deleted. An unguarded pod (no lock's gate) must be
+// Running. A guarded pod waits behind its gates, and is granted only once
+// lockwarden's gates are the only ones it has left (another controller's,
+// such as Kueue's admission gate, may never be lifted, and the pod could
+// not start meanwhile), and only if every lock whose gate it carries exists
+// and could lift it (gateProblems): a misconfigured pod takes nothing. If
+// it is gated by other locks too, it takes them in the order of their
+// keys, so two pods guarded by the same locks never each hold one and wait
+// for the other.
 func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod *corev1.Pod) (bool, error) {
 	if stopped(pod) || !pod.DeletionTimestamp.IsZero() {
 		return false, nil
 	}
-	// The gate of a lock in mode Observe, or of a lock naming a key its
-	// namespace may not use, is never lifted, so a pod behind one is never
-	// granted anything: it could not start.
-	ours := map[string]bool{}
-	for _, l := range s.locksIn(pod.Namespace) {
-		if grantsFor(l) {
-			ours[locksv1.GateFor(l.Name)] = true
-		}
+	gates, foreign := ourGates(pod)
+	if len(gates) == 0 {
+		return len(foreign) == 0 && pod.Status.Phase == corev1.PodRunning, nil
 	}
-	var others []string
-	for _, g := range pod.Spec.SchedulingGates {
-		if strings.HasPrefix(g.Name, locksv1.GatePrefix) && !ours[g.Name] {
-			others = append(others, strings.TrimPrefix(g.Name, locksv1.GatePrefix))
-		}
+	if len(foreign) > 0 || !s.guards(pod) {
+		return false, nil
 	}
-	if !s.guards(pod) {
-		return len(others) == 0 && pod.Status.Phase == corev1.PodRunning, nil
+	locks, problems, err := r.gateLocks(ctx, pod)
+	if err != nil || len(problems) > 0 {
+		return false, err
 	}
-	for _, name := range others {
-		other := &locksv1.DistributedLock{}
-		err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, other)
-		if apierrors.IsNotFound(err) {
-			return false, nil // it waits for a lock that does not exist
-		}
-		if err != nil {
-			return false, err
-		}
-		if other.Spec.Observes() || !r.Keys.Permits(other.Namespace, effectiveKey(other)) {
-			return false, nil // that gate is never lifted
-		}
-		if effectiveKey(other) <= s.key {
+	for _, l := range locks {
+		if effectiveKey(l) < s.key {
 			return false, nil // it takes that key first
 		}
 	}
@@ -111,7 +100,7 @@ func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod 
 // patch, so the pods carrying a holder label of the scope's locks are the
 // ones to read, and the API server selects them.
 func (r *DistributedLockReconciler) confirmNoGrantOut(ctx context.Context, s *scope) error {
-	for _, l := range s.locks {
+	for _, l := range append(slices.Clip(s.locks), s.deleting...) {
 		marked, err := labels.NewRequirement(locksv1.HolderLabelFor(l.Name), selection.Exists, nil)
 		if err != nil {
 			return err

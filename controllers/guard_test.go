@@ -18,10 +18,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
@@ -59,7 +59,7 @@ func setContainers(t *testing.T, pod *corev1.Pod, phase corev1.PodPhase, state c
 
 var (
 	running    = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
-	terminated = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}
+	terminated = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: metav1.Now(), FinishedAt: metav1.Now()}}
 )
 
 func gatedWith(pod *corev1.Pod, gate string) bool {
@@ -318,7 +318,7 @@ func TestCase4DeletingALockEndsItsGrantInConflict(t *testing.T) {
 	if err := rdb.Del(context.Background(), key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(two)}); err != nil {
+	if _, err := h.r.Reconcile(context.Background(), controllers.KeyRequest{Key: key}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "p2 to be granted the key", func() bool { return holds(t, key, p2) })
@@ -473,7 +473,7 @@ func TestCase7EvictionRefusedByABudget(t *testing.T) {
 	setContainers(t, run1, corev1.PodRunning, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}})
 	time.Sleep(time.Second) // the start timeout
 
-	res, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(lock)})
+	res, err := h.r.Reconcile(context.Background(), controllers.KeyRequest{Key: lockKey(lock)})
 	if err != nil {
 		t.Fatalf("a refused eviction failed the reconcile: %v", err)
 	}
@@ -537,9 +537,10 @@ func TestFinalizerReleasesWithEmptyStatus(t *testing.T) {
 	eventually(t, "pod a to hold the lock", func() bool { return holds(t, key, a) && holderOf(t, lock) == "a" })
 	first.stop()
 
-	// The status is lost (say, its write failed before the manager died).
+	// The status is lost (say, its write failed before the manager died),
+	// but for the fencing record, which never decreases.
 	l := getLock(t, lock)
-	l.Status = locksv1.DistributedLockStatus{}
+	l.Status = locksv1.DistributedLockStatus{HighestToken: l.Status.HighestToken}
 	if err := k8s.Status().Update(context.Background(), l); err != nil {
 		t.Fatal(err)
 	}

@@ -15,16 +15,21 @@ import (
 )
 
 // markPods brings every pod of the scope (which holds each pod that carries
-// a mark or gate of its locks) to the marks it should carry for each lock
-// of its namespace: the holder carries the marks of the
-// locks that select it, gate it or marked it before, and loses those locks'
-// gates if the controller holds the key for it; every other pod carries
-// none, except a grantee in conflict, whose marks record its sticky grant.
-// A lock's marks are its own label, annotations and gate, so locks never
-// overwrite each other's.
+// a mark or gate of its locks) to the marks it should carry for each live
+// lock of its namespace: the holder carries the marks of the locks that
+// select it, gate it or marked it before, and if the controller holds the
+// key for it, loses those locks' gates, each lift recorded by the lock's
+// ungated mark; every other pod carries none, except a grantee in
+// conflict, whose marks record its sticky grant. A lock's marks are its own
+// label, annotations and gate, so locks never overwrite each other's. The
+// pods of namespaces that may not use the key are never written, and the
+// marks of a lock being deleted are finalizeDeleted's.
 func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) error {
 	holderPod := s.holderPod()
 	for _, pod := range s.pods {
+		if !s.mayUse[pod.Namespace] {
+			continue
+		}
 		locks := s.locksIn(pod.Namespace)
 		// A pod that is not the holder only ever loses marks, so one that
 		// carries none of these locks' has nothing to write, and need not be
@@ -40,10 +45,8 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 				(selects(l, pod) || hasGate(pod, locksv1.GateFor(l.Name)) || markedBy(pod, l.Name)):
 				h := s.holders[0]
 				setMarks(want, l.Name, string(h.owner), s.info.Token)
-				if h.byController() {
-					want.Spec.SchedulingGates = slices.DeleteFunc(want.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
-						return g.Name == locksv1.GateFor(l.Name)
-					})
+				if h.byController() && grantsFor(l) && hasGate(pod, locksv1.GateFor(l.Name)) {
+					liftGate(want, l.Name, s.info.Token)
 				}
 			case s.conflict && s.grantee != nil && pod.UID == s.grantee.UID:
 			default:
@@ -55,6 +58,17 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 		}
 	}
 	return nil
+}
+
+// liftGate removes the lock's gate from the pod and records the lift, with
+// the grant's fencing token: the pod keeps its grant until it stops, even
+// if the lock is deleted (finalizeDeleted), and the admission policy checks
+// the token against the highest one recorded for the key (recordFence).
+func liftGate(pod *corev1.Pod, lock string, token int64) {
+	pod.Spec.SchedulingGates = slices.DeleteFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
+		return g.Name == locksv1.GateFor(lock)
+	})
+	pod.Annotations[locksv1.UngatedAnnotationPrefix+lock] = strconv.FormatInt(token, 10)
 }
 
 // patchPod writes the difference between pod and want, if any, as a merge
@@ -133,7 +147,7 @@ func carriesMarks(pod *corev1.Pod, lock string) bool {
 	if _, ok := pod.Labels[locksv1.HolderLabelFor(lock)]; ok {
 		return true
 	}
-	for _, prefix := range []string{locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix} {
+	for _, prefix := range locksv1.MarkAnnotationPrefixes {
 		if _, ok := pod.Annotations[prefix+lock]; ok {
 			return true
 		}
@@ -143,7 +157,7 @@ func carriesMarks(pod *corev1.Pod, lock string) bool {
 
 func clearMarks(pod *corev1.Pod, lock string) {
 	delete(pod.Labels, locksv1.HolderLabelFor(lock))
-	for _, prefix := range []string{locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix} {
+	for _, prefix := range locksv1.MarkAnnotationPrefixes {
 		delete(pod.Annotations, prefix+lock)
 	}
 }

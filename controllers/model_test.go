@@ -16,10 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
@@ -446,7 +446,7 @@ func (w *world) settle(after string) {
 				continue
 			}
 			settled[key] = true
-			res, err := w.h.r.Reconcile(w.ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&l)})
+			res, err := w.h.r.Reconcile(w.ctx, controllers.KeyRequest{Key: key})
 			// A look asked for soon means a retry (Redis failed, a
 			// conflict); a later one is a holder's start deadline.
 			if err != nil || (res.RequeueAfter > 0 && res.RequeueAfter <= 2*time.Second) {

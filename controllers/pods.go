@@ -107,7 +107,7 @@ func locksOn(pod *corev1.Pod) []string {
 		}
 	}
 	for k := range pod.Annotations {
-		for _, prefix := range []string{locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix} {
+		for _, prefix := range locksv1.MarkAnnotationPrefixes {
 			if name, ok := strings.CutPrefix(k, prefix); ok {
 				add(name)
 			}

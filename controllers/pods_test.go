@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -84,7 +83,7 @@ func leaveFilter(t *testing.T, h *harness, pod *corev1.Pod, lock *locksv1.Distri
 // reconcile runs the manager's reconciler on the lock at once.
 func reconcile(t *testing.T, h *harness, lock *locksv1.DistributedLock) {
 	t.Helper()
-	if _, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(lock)}); err != nil {
+	if _, err := h.r.Reconcile(context.Background(), controllers.KeyRequest{Key: lockKey(lock)}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
@@ -24,23 +25,31 @@ type scope struct {
 	key string
 	// locks are the live locks naming the key whose namespaces may use it,
 	// by namespace and name. Their statuses are computed in place.
-	locks  []*locksv1.DistributedLock
-	before map[types.NamespacedName]*locksv1.DistributedLock
+	locks []*locksv1.DistributedLock
 	// revoked are the live locks naming the key from namespaces that may
-	// not use it (any more: the administrator un-shared it). They take
-	// part in nothing, but their pods are loaded, so that a grant Redis
-	// shows to one of them is kept until the pod stops (see granteeOf).
+	// not use it (any more: the administrator un-shared it). They grant
+	// nothing and their pods are never written, but a grant one of them
+	// made while it could, as its status records it, is kept until its pod
+	// stops (recordedGrant).
 	revoked []*locksv1.DistributedLock
-	// client holds the key with terms, the lease terms of the first lock.
-	client *redislock.Client
-	terms  leaseTerms
+	// deleting are the locks naming the key that are being deleted and
+	// still carry the finalizer, whichever their namespace. They grant
+	// nothing new; a grant whose gate one of them lifted is kept until its
+	// pod stops, and only then does the lock go (finalizeDeleted).
+	deleting []*locksv1.DistributedLock
+	before   map[types.NamespacedName]*locksv1.DistributedLock
 
-	// pods are the pods the key concerns: those its locks and revoked locks
-	// select, or whose gates or marks of them they carry (podsOf), and those
-	// of the locks' namespaces behind an owner or waiter Redis shows. Pods of
-	// other namespaces are never shown, released or written, and the revoked
-	// locks' pods are never shown or written. They are the cache's own
-	// objects, never written to.
+	// client reads and releases the key. Holds are taken through the
+	// Client of the lease terms of the lock that grants them (termsFor).
+	client *redislock.Client
+
+	// pods are the pods the key concerns: those its locks select, or whose
+	// gates or marks of them they carry (podsOf), those of the locks'
+	// namespaces behind an owner or waiter Redis shows, and the known
+	// holders the cache lacks (addKnownHolders). Pods of other namespaces
+	// are never shown, released or written, and the revoked locks' pods
+	// are never shown or written. They are the cache's own objects, never
+	// written to.
 	pods       []*corev1.Pod
 	byUID      map[types.UID]*corev1.Pod
 	namespaces map[string]bool
@@ -49,9 +58,13 @@ type scope struct {
 	// first: the one waiting order every such lock naming the key shares.
 	candidates []*corev1.Pod
 	// unwatched are the pods of the scope that the cache lacks, read from
-	// the API server because the controller knows them as holders
-	// (addKnownHolders).
+	// the API server because the controller knows them as holders.
 	unwatched map[types.UID]bool
+	// mayUse are the namespaces that may use the key.
+	mayUse map[string]bool
+	// gone are the known holders the API server says are gone: the only
+	// holders missing from the scope that may be released.
+	gone map[types.UID]types.NamespacedName
 
 	// info is Redis's view of the key; holders are its owners.
 	info    redislock.LockInfo
@@ -68,6 +81,11 @@ type scope struct {
 	conflict bool
 	// after is how soon the key must be looked at again, or 0.
 	after time.Duration
+}
+
+// all are the scope's locks of every kind, for their statuses.
+func (s *scope) all() []*locksv1.DistributedLock {
+	return append(append(slices.Clip(s.locks), s.revoked...), s.deleting...)
 }
 
 // requeue asks for another look at the key within d.
@@ -95,29 +113,33 @@ var ownerPattern = regexp.MustCompile(`^[^:\s]+:[0-9]+$`)
 func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (*scope, error) {
 	s := &scope{
 		key: key, byUID: map[types.UID]*corev1.Pod{}, before: map[types.NamespacedName]*locksv1.DistributedLock{},
-		namespaces: map[string]bool{}, unwatched: map[types.UID]bool{}, podByUID: r.podByUID,
+		namespaces: map[string]bool{}, mayUse: map[string]bool{}, unwatched: map[types.UID]bool{}, gone: map[types.UID]types.NamespacedName{},
+		podByUID: r.podByUID,
 	}
 	var list locksv1.DistributedLockList
 	if err := r.List(ctx, &list, client.MatchingFields{keyIndex: key}); err != nil {
 		return nil, err
 	}
-	for i := range list.Items {
-		l := &list.Items[i]
-		if !l.DeletionTimestamp.IsZero() {
-			continue
-		}
-		s.namespaces[l.Namespace] = true
-		if !r.Keys.Permits(l.Namespace, key) {
-			s.revoked = append(s.revoked, l)
-			continue
-		}
-		s.locks = append(s.locks, l)
-		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
-	}
-	slices.SortFunc(s.locks, func(a, b *locksv1.DistributedLock) int {
+	slices.SortFunc(list.Items, func(a, b locksv1.DistributedLock) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
-	for _, l := range append(slices.Clip(s.locks), s.revoked...) {
+	for i := range list.Items {
+		l := &list.Items[i]
+		switch {
+		case !l.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(l, locksv1.Finalizer):
+			continue // nothing of it is left to settle
+		case !l.DeletionTimestamp.IsZero():
+			s.deleting = append(s.deleting, l)
+		case !r.Keys.Permits(l.Namespace, key):
+			s.revoked = append(s.revoked, l)
+		default:
+			s.locks = append(s.locks, l)
+		}
+		s.namespaces[l.Namespace] = true
+		s.mayUse[l.Namespace] = r.Keys.Permits(l.Namespace, key)
+		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
+	}
+	for _, l := range s.all() {
 		pods, err := r.podsOf(ctx, l)
 		if err != nil {
 			return nil, err
@@ -141,16 +163,11 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	if err := r.addKnownHolders(ctx, s); err != nil {
 		return nil, err
 	}
-
-	terms := leaseTerms{lease: 30 * time.Second, renew: 10 * time.Second} // the API's defaults
-	if len(s.locks) > 0 {
-		terms = termsOf(s.locks[0])
-	}
-	c, err := r.Locks.For(terms)
+	c, err := r.Locks.For(defaultTerms)
 	if err != nil {
 		return nil, err
 	}
-	s.client, s.terms = c, terms
+	s.client = c
 	if err := s.readRedis(ctx); err != nil {
 		return nil, err
 	}
@@ -266,11 +283,26 @@ func (s *scope) selectors(pod *corev1.Pod) []*locksv1.DistributedLock {
 	return out
 }
 
-// granted reports whether a lock of the scope records a controller grant
-// of the key to the pod: its owner annotation names "<pod UID>:0".
+// deletingIn are the scope's locks in the namespace being deleted.
+func (s *scope) deletingIn(namespace string) []*locksv1.DistributedLock {
+	var out []*locksv1.DistributedLock
+	for _, l := range s.deleting {
+		if l.Namespace == namespace {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// granted reports whether the pod's marks record a controller grant of the
+// key by a lock of its namespace that is live and may use the key, or is
+// being deleted and could: its owner annotation names "<pod UID>:0", marked
+// since the lock was created (marks a lock of the same name left behind
+// are no grant of this one's).
 func (s *scope) granted(pod *corev1.Pod) bool {
-	for _, l := range s.locksIn(pod.Namespace) {
-		if pod.Annotations[locksv1.OwnerAnnotationPrefix+l.Name] == string(ownerFor(pod.UID)) {
+	for _, l := range append(s.locksIn(pod.Namespace), s.deletingIn(pod.Namespace)...) {
+		if pod.Annotations[locksv1.OwnerAnnotationPrefix+l.Name] == string(ownerFor(pod.UID)) &&
+			!markedAt(pod, l.Name).Before(l.CreationTimestamp.Time) && (l.DeletionTimestamp.IsZero() || s.mayUse[l.Namespace]) {
 			return true
 		}
 	}
@@ -317,25 +349,6 @@ func selects(lock *locksv1.DistributedLock, pod client.Object) bool {
 
 func hasGate(pod *corev1.Pod, gate string) bool {
 	return slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gate })
-}
-
-// stopped reports whether the pod's containers can no longer run: its phase
-// is Succeeded or Failed, or every container has terminated. A deletion
-// timestamp alone is not enough: the containers run on through the grace
-// period. A pod that is gone has stopped too; callers see it as missing.
-func stopped(pod *corev1.Pod) bool {
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		return true
-	}
-	if len(pod.Status.ContainerStatuses) == 0 {
-		return false
-	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.State.Terminated == nil {
-			return false
-		}
-	}
-	return true
 }
 
 // keyMutex serialises reconciles per key.

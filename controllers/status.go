@@ -2,11 +2,12 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -28,13 +29,7 @@ func (r *DistributedLockReconciler) computeStatuses(s *scope) {
 			st.Holder = nil
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionFalse, "Free", "Nobody holds the lock")
 		case holderPod != nil && holderPod.Namespace == l.Namespace:
-			h := s.holders[0]
-			next := &locksv1.LockHolder{PodName: holderPod.Name, PodUID: string(h.podUID), OwnerID: string(h.owner),
-				GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now()}
-			if st.Holder != nil && st.Holder.OwnerID == next.OwnerID && st.Holder.Token == next.Token {
-				next.Since = st.Holder.Since
-			}
-			st.Holder = next
+			st.Holder = s.holderStatus(st.Holder)
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionTrue, "Held", "Held by pod "+holderPod.Name)
 		default:
 			st.Holder = nil
@@ -62,6 +57,40 @@ func (r *DistributedLockReconciler) computeStatuses(s *scope) {
 		}
 		st.WaitingCount = int32(len(st.Waiting))
 		r.Metrics.record(l, len(s.holders) > 0, len(st.Waiting))
+	}
+	for _, l := range s.revoked {
+		r.revokedStatus(s, l)
+	}
+}
+
+// holderStatus is the status's record of the key's holder, keeping the
+// since-time of the same ownership.
+func (s *scope) holderStatus(was *locksv1.LockHolder) *locksv1.LockHolder {
+	h := s.holders[0]
+	next := &locksv1.LockHolder{PodName: h.pod.Name, PodUID: string(h.podUID), OwnerID: string(h.owner),
+		GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now()}
+	if was != nil && was.OwnerID == next.OwnerID && was.Token == next.Token {
+		next.Since = was.Since
+	}
+	return next
+}
+
+// revokedStatus shows that the lock's namespace may not use its key, and
+// nothing of the key but a grant the lock made while it could, which is
+// kept, and recorded here, until its pod stops (recordedGrant).
+func (r *DistributedLockReconciler) revokedStatus(s *scope, l *locksv1.DistributedLock) {
+	st := &l.Status
+	st.Key = s.key
+	st.Waiting, st.WaitingCount = nil, 0
+	if g := s.grantee; g == nil || g.Namespace != l.Namespace || !s.recordedGrant(g) {
+		st.Holder = nil
+	} else if h := s.holderPod(); h != nil && h.UID == g.UID && s.holders[0].byController() {
+		st.Holder = s.holderStatus(st.Holder)
+	}
+	setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
+		"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", s.key, l.Namespace))
+	for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
+		meta.RemoveStatusCondition(&l.Status.Conditions, c)
 	}
 }
 
@@ -95,22 +124,3 @@ func (s *scope) queued() []*corev1.Pod {
 	return out
 }
 
-// stopTime is when the pod stopped, as far as the API shows: the last
-// container's end, or the last condition's change.
-func stopTime(pod *corev1.Pod) time.Time {
-	var latest time.Time
-	for _, cs := range pod.Status.ContainerStatuses {
-		if t := cs.State.Terminated; t != nil && t.FinishedAt.After(latest) {
-			latest = t.FinishedAt.Time
-		}
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.LastTransitionTime.After(latest) {
-			latest = c.LastTransitionTime.Time
-		}
-	}
-	if latest.IsZero() {
-		return time.Now()
-	}
-	return latest
-}

@@ -327,6 +327,14 @@ func newLock(ns, name, app string) *locksv1.DistributedLock {
 	}
 }
 
+// lockKey is the Redis key the lock names.
+func lockKey(lock *locksv1.DistributedLock) string {
+	if lock.Spec.Key != "" {
+		return lock.Spec.Key
+	}
+	return lock.Namespace + "/" + lock.Name
+}
+
 func getLock(t testing.TB, lock *locksv1.DistributedLock) *locksv1.DistributedLock {
 	t.Helper()
 	got := &locksv1.DistributedLock{}

@@ -27,9 +27,18 @@ const (
 	// SinceAnnotationPrefix + <lock name> is when the pod was marked as the
 	// holder of that ownership, in RFC 3339.
 	SinceAnnotationPrefix = "since.lockwarden.dev/"
+	// UngatedAnnotationPrefix + <lock name> is the fencing token with which
+	// the controller lifted the lock's gate from the pod. Such a pod keeps
+	// its grant until it stops, even if the lock is deleted meanwhile: the
+	// lock's finalizer waits for it, since a lifted gate cannot be put back.
+	UngatedAnnotationPrefix = "ungated.lockwarden.dev/"
 	// Finalizer releases the lock in Redis before the resource goes away.
 	Finalizer = "locks.lockwarden.dev/release"
 )
+
+// MarkAnnotationPrefixes are the prefixes of the annotations a lock's marks
+// consist of, beside the holder label.
+var MarkAnnotationPrefixes = []string{OwnerAnnotationPrefix, TokenAnnotationPrefix, SinceAnnotationPrefix, UngatedAnnotationPrefix}
 
 // GateFor is the scheduling gate by which a pod waits for the lock.
 func GateFor(lock string) string { return GatePrefix + lock }
@@ -226,6 +235,7 @@ type LockHolder struct {
 }
 
 // DistributedLockStatus is the observed state of the lock.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.highestToken) || (has(self.highestToken) && self.highestToken >= oldSelf.highestToken)",message="status.highestToken never decreases: a lower one comes from a manager that lost its grant"
 type DistributedLockStatus struct {
 	// ObservedGeneration is the generation last reconciled.
 	// +optional
@@ -248,7 +258,16 @@ type DistributedLockStatus struct {
 	// WaitingCount is len(Waiting), for kubectl's columns.
 	// +optional
 	WaitingCount int32 `json:"waitingCount,omitempty"`
-	// Conditions are Ready, Held and Conflict.
+	// HighestToken is the highest fencing token of a grant of the key the
+	// controller made, recorded on every lock naming the key before it lifts
+	// any gate. It never decreases, and the admission policy in
+	// config/admission refuses to lift this lock's gate from a pod with a
+	// lower token: a manager that lost its grant (paused, or cut off, for
+	// longer than the lease) cannot ungate a pod after another manager
+	// granted the key again.
+	// +optional
+	HighestToken int64 `json:"highestToken,omitempty"`
+	// Conditions are Ready, Held, Conflict and HolderStarted.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
