@@ -123,4 +123,3 @@ func (s *scope) queued() []*corev1.Pod {
 	}
 	return out
 }
-

@@ -147,7 +147,6 @@ func redactLoss(err error) string {
 	return "the lease ended"
 }
 
-
 // clientFor is the Client, and its lease terms, through which the key is
 // held for the pod: those of the lock that grants it to the pod, the first
 // by name of its namespace's locks that gates it, else selects it, else
