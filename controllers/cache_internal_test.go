@@ -83,6 +83,36 @@ func TestRedisBackoff(t *testing.T) {
 	}
 }
 
+// Case 9 of issue 20: after an API error a key is retried as after a Redis
+// error, at most 30 s later, each retry moved by up to ±20%, rather than
+// backing off to controller-runtime's 1000 s.
+func TestAPIBackoffIsCappedAndJittered(t *testing.T) {
+	limiter := newAPIBackoff()
+	key := KeyRequest{Key: "k"}
+	var longest time.Duration
+	for range 40 {
+		longest = max(longest, limiter.When(key))
+	}
+	if longest > redisRetryCap*6/5 || longest < redisRetryCap*4/5 {
+		t.Fatalf("after 40 failures a retry waits %v, want about %v at most", longest, redisRetryCap)
+	}
+	limiter.Forget(key)
+	if got := limiter.When(key); got > apiRetryBase*6/5 {
+		t.Fatalf("after a success the first retry waits %v, want about %v", got, apiRetryBase)
+	}
+	spread := map[time.Duration]bool{}
+	for i := range 20 {
+		k := KeyRequest{Key: fmt.Sprint("key-", i)}
+		for range 10 {
+			limiter.When(k)
+		}
+		spread[limiter.When(k)] = true
+	}
+	if len(spread) < 10 {
+		t.Fatalf("20 keys failing together retry at only %d distinct times: no jitter", len(spread))
+	}
+}
+
 // What stripPod drops is never read: every function that reads a pod's
 // status answers the same for a full pod and its stripped copy, and what
 // it keeps of the metadata is what the marks and selectors use.

@@ -33,6 +33,7 @@ import (
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/envtestassets"
+	"github.com/lockwarden/lockwarden/internal/manifests"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
@@ -79,6 +80,10 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if err := installAdmission(); err != nil {
+		fmt.Fprintln(os.Stderr, "install the admission policies:", err)
+		return 1
+	}
 	dir, err := os.MkdirTemp("", "controllers-redis")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -93,6 +98,26 @@ func run(m *testing.M) int {
 	defer srv.Stop()
 	redisAddr = srv.Addr
 	return m.Run()
+}
+
+// installAdmission creates the admission policies of config/admission, as
+// an install does. The API server enforces them a moment later: a test
+// relying on one waits for it (waitForFencing).
+func installAdmission() error {
+	data, err := os.ReadFile(filepath.Join("..", "config", "admission", "fencing.yaml"))
+	if err != nil {
+		return err
+	}
+	objects, err := manifests.Decode(data)
+	if err != nil {
+		return err
+	}
+	for _, obj := range objects {
+		if err := k8s.Create(context.Background(), obj); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // harness is one running manager with the controller, as cmd/manager runs it.
@@ -127,6 +152,10 @@ type managerConfig struct {
 	observe func(client.Object)
 	// pods, if set, is the pod cache's filter (--pod-label-selector).
 	pods labels.Selector
+	// intercept, if not nil, is called before each API write by the
+	// controller, with the subresource written ("" for the object), and
+	// the function it returns, if any, with the write's outcome.
+	intercept func(obj client.Object, subresource string) func(error)
 }
 
 func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *harness {
@@ -146,6 +175,10 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 			observe(obj)
 		}
 	}
+	intercept := cfg.intercept
+	if intercept == nil {
+		intercept = func(client.Object, string) func(error) { return nil }
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -163,7 +196,7 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 			if err != nil {
 				return nil, err
 			}
-			return interceptor.NewClient(c, countWrites(count)), nil
+			return interceptor.NewClient(c, countWrites(intercept, count)), nil
 		},
 	})
 	if err != nil {
@@ -215,38 +248,39 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 	return h
 }
 
-// countWrites reports every write through the client, with its outcome.
-func countWrites(count func(client.Object, error)) interceptor.Funcs {
+// countWrites reports every write through the client, with its outcome,
+// after showing it to intercept.
+func countWrites(intercept func(client.Object, string) func(error), count func(client.Object, error)) interceptor.Funcs {
+	write := func(obj client.Object, subresource string, do func() error) error {
+		done := intercept(obj, subresource)
+		err := do()
+		if done != nil {
+			done(err)
+		}
+		count(obj, err)
+		return err
+	}
 	return interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-			err := c.Create(ctx, obj, opts...)
-			count(obj, err)
-			return err
+			return write(obj, "", func() error { return c.Create(ctx, obj, opts...) })
 		},
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-			err := c.Update(ctx, obj, opts...)
-			count(obj, err)
-			return err
+			return write(obj, "", func() error { return c.Update(ctx, obj, opts...) })
 		},
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			err := c.Patch(ctx, obj, patch, opts...)
-			count(obj, err)
-			return err
+			return write(obj, "", func() error { return c.Patch(ctx, obj, patch, opts...) })
 		},
 		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
-			err := c.Delete(ctx, obj, opts...)
-			count(obj, err)
-			return err
+			return write(obj, "", func() error { return c.Delete(ctx, obj, opts...) })
+		},
+		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			return write(obj, sub, func() error { return c.SubResource(sub).Create(ctx, obj, subObj, opts...) })
 		},
 		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-			err := c.SubResource(sub).Update(ctx, obj, opts...)
-			count(obj, err)
-			return err
+			return write(obj, sub, func() error { return c.SubResource(sub).Update(ctx, obj, opts...) })
 		},
 		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			err := c.SubResource(sub).Patch(ctx, obj, patch, opts...)
-			count(obj, err)
-			return err
+			return write(obj, sub, func() error { return c.SubResource(sub).Patch(ctx, obj, patch, opts...) })
 		},
 	}
 }
