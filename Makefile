@@ -51,9 +51,11 @@ demo: test-deps ## Play the lockwarden story on a local control plane, Redis and
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests under config/ from kubebuilder markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/...;./controllers/..." output:crd:artifacts:config=config/crd/bases
-	@# The Helm chart installs the same generated CRD and manager role.
+	@# The Helm chart installs the same generated CRD and manager role, and
+	@# the same admission policies.
 	cp config/crd/bases/locks.lockwarden.dev_distributedlocks.yaml dist/chart/files/crds/
 	cp config/rbac/role.yaml dist/chart/files/rbac/manager-role.yaml
+	cp config/admission/fencing.yaml dist/chart/files/admission/
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods for the API types.
