@@ -64,6 +64,8 @@ type DistributedLockReconciler struct {
 	keys     keyMutex
 	podNames podNames
 	backoff  redisBackoff
+	// told are the pods told where they stand (explain.go).
+	told toldPods
 	// unwatchedWarned are, by key, the running pods outside the pod cache
 	// that a HolderNotWatched Event was sent for (pollUnwatched).
 	unwatchedWarned sync.Map // string -> map[types.UID]bool
@@ -146,7 +148,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		}
 	}
 	r.backoff.succeeded(s.key)
-	r.computeStatuses(s)
+	r.computeStatuses(ctx, s)
 	// A grant the controller keeps needs no polling: its loss arrives on
 	// the lost channel, and its pod's end as a pod event. Anyone else's
 	// hold (even one under a controller owner ID that is no grant it

@@ -245,8 +245,8 @@ func TestPrinterColumns(t *testing.T) {
 	for _, c := range crd.Spec.Versions[0].AdditionalPrinterColumns {
 		columns = append(columns, fmt.Sprintf("%s:%d", c.Name, c.Priority))
 	}
-	if fmt.Sprint(columns) != "[Key:0 Holder:0 Token:0 Waiting:0 Lease:1 Age:0]" {
-		t.Errorf("printer columns = %v, want key, holder, token, waiting, age, and the lease in -o wide", columns)
+	if fmt.Sprint(columns) != "[Key:0 Ready:0 Holder:0 Token:0 Waiting:0 Conflict:0 Lease:1 Age:0]" {
+		t.Errorf("printer columns = %v, want key, ready, holder, token, waiting, conflict, age, and the lease in -o wide", columns)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -23,11 +24,11 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 		return nil
 	}
 	for _, pod := range s.candidates {
-		ok, err := r.eligible(ctx, s, pod)
+		why, err := r.whyWaits(ctx, s, pod)
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if why != "" {
 			continue
 		}
 		if s.guards(pod) {
@@ -53,6 +54,7 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 		s.info.Token = hold.Token()
 		s.grantee = pod
 		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, hold.Token())
+		r.tellGranted(s, pod, hold.Token())
 		for _, l := range s.locksIn(pod.Namespace) {
 			r.Metrics.transition(l, "acquired")
 		}
@@ -61,38 +63,56 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 	return nil
 }
 
-// eligible reports whether a candidate may be granted the key now. It must
-// not be stopped or being deleted. An unguarded pod (no lock's gate) must be
-// Running. A guarded pod waits behind its gates, and is granted only once
-// lockwarden's gates are the only ones it has left (another controller's,
-// such as Kueue's admission gate, may never be lifted, and the pod could
-// not start meanwhile), and only if every lock whose gate it carries exists
-// and could lift it (gateProblems): a misconfigured pod takes nothing. If
-// it is gated by other locks too, it takes them in the order of their
-// keys, so two pods guarded by the same locks never each hold one and wait
-// for the other.
-func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod *corev1.Pod) (bool, error) {
+// whyWaits says why a candidate may not be granted the key now, or "" if
+// it may. It must not be stopped or being deleted. An unguarded pod (no
+// lock's gate) must be Running. A guarded pod waits behind its gates, and
+// is granted only once lockwarden's gates are the only ones it has left
+// (another controller's, such as Kueue's admission gate, may never be
+// lifted, and the pod could not start meanwhile), and only if every lock
+// whose gate it carries exists and could lift it (gateLocks): a
+// misconfigured pod takes nothing. If it is gated by other locks too, it
+// takes them in the order of their keys, so two pods guarded by the same
+// locks never each hold one and wait for the other.
+func (r *DistributedLockReconciler) whyWaits(ctx context.Context, s *scope, pod *corev1.Pod) (string, error) {
 	if stopped(pod) || !pod.DeletionTimestamp.IsZero() {
-		return false, nil
+		return stopping, nil
 	}
 	gates, foreign := ourGates(pod)
-	if len(gates) == 0 {
-		return len(foreign) == 0 && pod.Status.Phase == corev1.PodRunning, nil
+	if len(foreign) > 0 {
+		return fmt.Sprintf("behind another controller's scheduling gate %s: it is granted locks once lockwarden's gates are its only ones",
+			strings.Join(foreign, ", ")), nil
 	}
-	if len(foreign) > 0 || !s.guards(pod) {
-		return false, nil
+	if len(gates) == 0 {
+		if pod.Status.Phase != corev1.PodRunning {
+			return "not running", nil
+		}
+		return "", nil
 	}
 	locks, problems, err := r.gateLocks(ctx, pod)
-	if err != nil || len(problems) > 0 {
-		return false, err
+	if err != nil {
+		return "", err
+	}
+	if len(problems) > 0 {
+		var messages []string
+		for _, p := range problems {
+			messages = append(messages, p.message)
+		}
+		return strings.Join(messages, "; "), nil
 	}
 	for _, l := range locks {
 		if effectiveKey(l) < s.key {
-			return false, nil // it takes that key first
+			return fmt.Sprintf("takes key %s of lock %s first", effectiveKey(l), l.Name), nil
 		}
 	}
-	return true, nil
+	if !s.guards(pod) {
+		return "behind the gates of locks on other keys", nil
+	}
+	return "", nil
 }
+
+// stopping is why a pod that has stopped, or is being deleted, waits for
+// nothing any more.
+const stopping = "stopping"
 
 // confirmNoGrantOut reads the pods from the API server and fails if one has
 // a grant of the key and has not stopped, which the cache did not show yet.

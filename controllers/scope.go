@@ -241,7 +241,7 @@ func (s *scope) markNotALock() {
 	s.holders = nil
 	for _, l := range s.locks {
 		l.Status.Key = s.key
-		l.Status.Holder, l.Status.Waiting, l.Status.WaitingCount = nil, nil, 0
+		l.Status.Holder, l.Status.Waiting, l.Status.Blocked, l.Status.WaitingCount = nil, nil, nil, 0
 		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
 			meta.RemoveStatusCondition(&l.Status.Conditions, c)
 		}
@@ -318,6 +318,13 @@ func (s *scope) guards(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// gatedByAny reports whether a live lock of the scope gates the pod.
+func (s *scope) gatedByAny(pod *corev1.Pod) bool {
+	return slices.ContainsFunc(s.locksIn(pod.Namespace), func(l *locksv1.DistributedLock) bool {
+		return hasGate(pod, locksv1.GateFor(l.Name))
+	})
 }
 
 // heldBy is the Redis holder that is the pod, if any.

@@ -17,9 +17,11 @@ import (
 // computeStatuses sets each lock's status from the scope. A lock only ever
 // shows pods of its own namespace: a holder elsewhere is reported as such,
 // unnamed.
-func (r *DistributedLockReconciler) computeStatuses(s *scope) {
+func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scope) {
 	holderPod := s.holderPod()
-	waiting, queued := r.waiting(s), s.queued()
+	waiting, blocked := r.waiting(ctx, s)
+	r.tellWaiting(ctx, s, waiting, blocked)
+	queued := s.queued()
 	for _, l := range s.locks {
 		st := &l.Status
 		st.Key = s.key
@@ -45,7 +47,7 @@ func (r *DistributedLockReconciler) computeStatuses(s *scope) {
 		default:
 			setCondition(l, locksv1.ConditionConflict, metav1.ConditionFalse, "NoConflict", "The holder in Redis is the pod granted the lock, or nobody")
 		}
-		st.Waiting = nil
+		st.Waiting, st.Blocked = nil, nil
 		lockWaiting := waiting
 		if !grantsFor(l) {
 			lockWaiting = queued
@@ -55,8 +57,14 @@ func (r *DistributedLockReconciler) computeStatuses(s *scope) {
 				st.Waiting = append(st.Waiting, p.Name)
 			}
 		}
-		st.WaitingCount = int32(len(st.Waiting))
-		r.Metrics.record(l, len(s.holders) > 0, len(st.Waiting))
+		for p, why := range blocked {
+			if p.Namespace == l.Namespace && hasGate(p, locksv1.GateFor(l.Name)) {
+				st.Blocked = append(st.Blocked, locksv1.BlockedPod{PodName: p.Name, Reason: why})
+			}
+		}
+		slices.SortFunc(st.Blocked, func(a, b locksv1.BlockedPod) int { return strings.Compare(a.PodName, b.PodName) })
+		st.WaitingCount = int32(len(st.Waiting) + len(st.Blocked))
+		r.Metrics.record(l, len(s.holders) > 0, int(st.WaitingCount))
 	}
 	for _, l := range s.revoked {
 		r.revokedStatus(s, l)
@@ -81,7 +89,7 @@ func (s *scope) holderStatus(was *locksv1.LockHolder) *locksv1.LockHolder {
 func (r *DistributedLockReconciler) revokedStatus(s *scope, l *locksv1.DistributedLock) {
 	st := &l.Status
 	st.Key = s.key
-	st.Waiting, st.WaitingCount = nil, 0
+	st.Waiting, st.Blocked, st.WaitingCount = nil, nil, 0
 	if g := s.grantee; g == nil || g.Namespace != l.Namespace || !s.recordedGrant(g) {
 		st.Holder = nil
 	} else if h := s.holderPod(); h != nil && h.UID == g.UID && s.holders[0].byController() {
@@ -95,18 +103,27 @@ func (r *DistributedLockReconciler) revokedStatus(s *scope, l *locksv1.Distribut
 }
 
 // waiting are the eligible candidates other than the holder and the
-// grantee, in the order they will be granted the key.
-func (r *DistributedLockReconciler) waiting(s *scope) []*corev1.Pod {
-	var out []*corev1.Pod
-	for _, p := range s.candidates {
-		if _, holds := s.heldBy(p.UID); holds || (s.grantee != nil && p.UID == s.grantee.UID) {
+// grantee, in the order they will be granted the key, and blocked are the
+// pods behind a gate of the scope's locks that are not, with why.
+func (r *DistributedLockReconciler) waiting(ctx context.Context, s *scope) (waiting []*corev1.Pod, blocked map[*corev1.Pod]string) {
+	blocked = map[*corev1.Pod]string{}
+	for _, p := range s.pods {
+		if _, holds := s.heldBy(p.UID); holds || (s.grantee != nil && p.UID == s.grantee.UID) || !s.mayUse[p.Namespace] {
 			continue
 		}
-		if ok, err := r.eligible(context.Background(), s, p); err == nil && ok {
-			out = append(out, p)
+		why, err := r.whyWaits(ctx, s, p)
+		switch {
+		case err != nil || why == stopping:
+		case why == "" && slices.Contains(s.candidates, p):
+			waiting = append(waiting, p)
+		case why != "" && s.gatedByAny(p):
+			blocked[p] = why
 		}
 	}
-	return out
+	slices.SortFunc(waiting, func(a, b *corev1.Pod) int {
+		return slices.Index(s.candidates, a) - slices.Index(s.candidates, b)
+	})
+	return waiting, blocked
 }
 
 // queued are the pods whose in-pod clients wait in Redis's queue for the

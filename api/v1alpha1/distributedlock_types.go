@@ -234,6 +234,15 @@ type LockHolder struct {
 	Since metav1.Time `json:"since"`
 }
 
+// BlockedPod is a pod behind a lock's gate that cannot be granted the lock
+// as things stand.
+type BlockedPod struct {
+	// PodName is the pod's name.
+	PodName string `json:"podName"`
+	// Reason says what holds it back.
+	Reason string `json:"reason"`
+}
+
 // DistributedLockStatus is the observed state of the lock.
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.highestToken) || (has(self.highestToken) && self.highestToken >= oldSelf.highestToken)",message="status.highestToken never decreases: a lower one comes from a manager that lost its grant"
 type DistributedLockStatus struct {
@@ -255,7 +264,16 @@ type DistributedLockStatus struct {
 	// +optional
 	// +listType=atomic
 	Waiting []string `json:"waiting,omitempty"`
-	// WaitingCount is len(Waiting), for kubectl's columns.
+	// Blocked are this namespace's pods behind this lock's gate that are not
+	// in the waiting order, each with what holds it back: a gate of another
+	// lock it takes first, another controller's gate, or a gate no lock can
+	// lift (see the pod's Events).
+	// +optional
+	// +listType=map
+	// +listMapKey=podName
+	Blocked []BlockedPod `json:"blocked,omitempty"`
+	// WaitingCount is every pod waiting for the lock, Waiting and Blocked,
+	// for kubectl's columns.
 	// +optional
 	WaitingCount int32 `json:"waitingCount,omitempty"`
 	// HighestToken is the highest fencing token of a grant of the key the
@@ -280,9 +298,11 @@ type DistributedLockStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=dlock,categories=lockwarden
 // +kubebuilder:printcolumn:name="Key",type=string,JSONPath=`.status.key`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.podName`
 // +kubebuilder:printcolumn:name="Token",type=integer,JSONPath=`.status.holder.token`
 // +kubebuilder:printcolumn:name="Waiting",type=integer,JSONPath=`.status.waitingCount`
+// +kubebuilder:printcolumn:name="Conflict",type=string,JSONPath=`.status.conditions[?(@.type=="Conflict")].status`
 // +kubebuilder:printcolumn:name="Lease",type=string,JSONPath=`.spec.leaseDuration`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as the value of the holder label"
