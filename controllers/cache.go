@@ -97,11 +97,12 @@ func stripContainers(in []corev1.Container) []corev1.Container {
 	return out
 }
 
-// ownAnnotations are the annotations lockwarden writes, nil if none.
+// ownAnnotations are the annotations lockwarden writes, and the one by
+// which a pod names the locks it waits for, nil if none.
 func ownAnnotations(in map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range in {
-		if isOwnMark(k) {
+		if isOwnMark(k) || k == locksv1.LocksAnnotation {
 			if out == nil {
 				out = map[string]string{}
 			}
@@ -215,7 +216,8 @@ func withoutOwnMarks(pod *corev1.Pod) *corev1.Pod {
 	return p
 }
 
-// selectors caches each lock's parsed candidate selector, by lock, for as
+// selectors caches each lock's parsed candidate selector (for a lock without
+// spec.candidates, the label naming it), by lock, for as
 // long as its UID and generation stay the same: selectsIndex, every
 // reconcile and every pod event that may concern the lock need it, and
 // parsing a selector allocates.
@@ -237,7 +239,11 @@ func (c *selectorCache) get(lock *locksv1.DistributedLock) labels.Selector {
 		}
 	}
 	p := parsedSelector{uid: lock.UID, generation: lock.Generation}
-	if s, err := metav1.LabelSelectorAsSelector(lock.Spec.Candidates.LabelSelector()); err == nil && !s.Empty() {
+	candidates := &metav1.LabelSelector{MatchLabels: map[string]string{locksv1.LockLabel: lock.Name}}
+	if lock.Spec.Candidates != nil {
+		candidates = lock.Spec.Candidates.LabelSelector()
+	}
+	if s, err := metav1.LabelSelectorAsSelector(candidates); err == nil && !s.Empty() {
 		p.selector = s
 	}
 	c.m.Store(name, p)

@@ -201,7 +201,7 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 func TestSelectsIndexValues(t *testing.T) {
 	lock := func(name string, sel locksv1.PodSelector) *locksv1.DistributedLock {
 		return &locksv1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)},
-			Spec: locksv1.DistributedLockSpec{Candidates: sel}}
+			Spec: locksv1.DistributedLockSpec{Candidates: &sel}}
 	}
 	req := func(key string, op metav1.LabelSelectorOperator, values ...locksv1.LabelValue) locksv1.LabelRequirement {
 		return locksv1.LabelRequirement{Key: key, Operator: op, Values: values}

@@ -272,12 +272,12 @@ func TestBadSpecsRefusedAtAdmission(t *testing.T) {
 			l.Spec.Candidates.MatchLabels = map[string]locksv1.LabelValue{"app": "-bad-"}
 		}, "spec.candidates.matchLabels.app in body should match"},
 		{"In without values", func(l *locksv1.DistributedLock) {
-			l.Spec.Candidates = locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "In"}}}
+			l.Spec.Candidates = &locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "In"}}}
 		}, "values must be non-empty for the operators In and NotIn"},
 		{"unknown operator", func(l *locksv1.DistributedLock) {
-			l.Spec.Candidates = locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "Near", Values: []locksv1.LabelValue{"x"}}}}
+			l.Spec.Candidates = &locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "Near", Values: []locksv1.LabelValue{"x"}}}}
 		}, "Unsupported value: \"Near\""},
-		{"empty selector", func(l *locksv1.DistributedLock) { l.Spec.Candidates = locksv1.PodSelector{} }, "must select pods"},
+		{"empty selector", func(l *locksv1.DistributedLock) { l.Spec.Candidates = &locksv1.PodSelector{} }, "must select pods"},
 		{"unknown mode", func(l *locksv1.DistributedLock) { l.Spec.Mode = "Steal" }, "Unsupported value: \"Steal\""},
 		{"key with a hash tag", func(l *locksv1.DistributedLock) { l.Spec.Key = "a{b}" }, "must not contain '{', '}'"},
 		{"name too long for a label", func(l *locksv1.DistributedLock) { l.Name = strings.Repeat("n", 64) }, "at most 63 characters"},

@@ -182,12 +182,12 @@ func (w *world) createLock(l *modelLock, key string) {
 	l.key, l.exists = key, true
 }
 
-func groupSelector(groups []string) locksv1.PodSelector {
+func groupSelector(groups []string) *locksv1.PodSelector {
 	var values []locksv1.LabelValue
 	for _, g := range groups {
 		values = append(values, locksv1.LabelValue(g))
 	}
-	return locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "group", Operator: "In", Values: values}}}
+	return &locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "group", Operator: "In", Values: values}}}
 }
 
 // pods are the model's pods as the API server had them when the locks

@@ -85,9 +85,9 @@ func (n *podNames) get(uid types.UID) (types.NamespacedName, bool) {
 }
 
 // locksOn names the locks whose gate, holder label or annotations the pod
-// carries, each once.
+// carries, or that it names (locksv1.NamedLocks), each once.
 func locksOn(pod *corev1.Pod) []string {
-	var names []string
+	names := locksv1.NamedLocks(pod.Labels, pod.Annotations)
 	add := func(name string) {
 		for _, n := range names {
 			if n == name {

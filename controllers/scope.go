@@ -349,7 +349,13 @@ func (s *scope) holderPod() *corev1.Pod {
 // (mode Grant), rather than leaving it to them (mode Observe).
 func grantsFor(lock *locksv1.DistributedLock) bool { return !lock.Spec.Observes() }
 
+// selects reports whether the lock selects the pod: by its candidate
+// selector, or, for a lock without one, by the pod naming it in its label
+// or annotation (locksv1.NamedLocks).
 func selects(lock *locksv1.DistributedLock, pod client.Object) bool {
+	if lock.Spec.Candidates == nil {
+		return slices.Contains(locksv1.NamedLocks(pod.GetLabels(), pod.GetAnnotations()), lock.Name)
+	}
 	selector := selectors.get(lock)
 	return selector != nil && selector.Matches(labels.Set(pod.GetLabels()))
 }

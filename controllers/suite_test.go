@@ -102,19 +102,21 @@ func run(m *testing.M) int {
 
 // installAdmission creates the admission policies of config/admission, as
 // an install does. The API server enforces them a moment later: a test
-// relying on one waits for it (waitForFencing).
+// relying on one waits for it (waitForFencing, waitForGating).
 func installAdmission() error {
-	data, err := os.ReadFile(filepath.Join("..", "config", "admission", "fencing.yaml"))
-	if err != nil {
-		return err
-	}
-	objects, err := manifests.Decode(data)
-	if err != nil {
-		return err
-	}
-	for _, obj := range objects {
-		if err := k8s.Create(context.Background(), obj); err != nil {
+	for _, name := range []string{"fencing.yaml", "gate.yaml"} {
+		data, err := os.ReadFile(filepath.Join("..", "config", "admission", name))
+		if err != nil {
 			return err
+		}
+		objects, err := manifests.Decode(data)
+		if err != nil {
+			return err
+		}
+		for _, obj := range objects {
+			if err := k8s.Create(context.Background(), obj); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -356,7 +358,7 @@ func newLock(ns, name, app string) *locksv1.DistributedLock {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: locksv1.DistributedLockSpec{
 			LeaseDuration: &metav1.Duration{Duration: 3 * time.Second},
-			Candidates:    locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": locksv1.LabelValue(app)}},
+			Candidates:    &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": locksv1.LabelValue(app)}},
 		},
 	}
 }

@@ -1,6 +1,9 @@
 package v1alpha1
 
 import (
+	"slices"
+	"strings"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -39,6 +42,36 @@ const (
 // MarkAnnotationPrefixes are the prefixes of the annotations a lock's marks
 // consist of, beside the holder label.
 var MarkAnnotationPrefixes = []string{OwnerAnnotationPrefix, TokenAnnotationPrefix, SinceAnnotationPrefix, UngatedAnnotationPrefix}
+
+// The opt-in of a pod, which the admission policy config/admission/gate.yaml
+// turns into the scheduling gates of the locks it names.
+const (
+	// LockLabel names the one lock a pod waits for, in its namespace.
+	LockLabel = "lockwarden.dev/lock"
+	// LocksAnnotation names, separated by commas, the locks a pod waits
+	// for, in its namespace, when it needs several.
+	LocksAnnotation = "lockwarden.dev/locks"
+	// CandidateLabel is set to "true" on every pod the admission policy
+	// gates, so that a manager watching only the pods with it
+	// (--pod-label-selector) sees them.
+	CandidateLabel = "lockwarden.dev/candidate"
+)
+
+// NamedLocks are the locks the pod names by LockLabel and LocksAnnotation,
+// each once.
+func NamedLocks(labels, annotations map[string]string) []string {
+	var names []string
+	add := func(name string) {
+		if name = strings.TrimSpace(name); name != "" && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	for _, name := range strings.Split(annotations[LocksAnnotation], ",") {
+		add(name)
+	}
+	add(labels[LockLabel])
+	return names
+}
 
 // GateFor is the scheduling gate by which a pod waits for the lock.
 func GateFor(lock string) string { return GatePrefix + lock }
@@ -99,8 +132,11 @@ type DistributedLockSpec struct {
 
 	// Candidates selects the pods, in the lock's namespace, that may hold
 	// the lock. In mode Grant they are granted it one at a time, oldest pod
-	// first; in mode Observe they take it themselves.
-	Candidates PodSelector `json:"candidates"`
+	// first; in mode Observe they take it themselves. Without it, the lock
+	// selects the pods that name it: with the label lockwarden.dev/lock set
+	// to its name, or in the annotation lockwarden.dev/locks.
+	// +optional
+	Candidates *PodSelector `json:"candidates,omitempty"`
 
 	// Mode says who takes the lock. Grant (the default): the controller
 	// takes it on behalf of one candidate at a time, and lifts the lock's

@@ -96,7 +96,11 @@ func (in *DistributedLockSpec) DeepCopyInto(out *DistributedLockSpec) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
-	in.Candidates.DeepCopyInto(&out.Candidates)
+	if in.Candidates != nil {
+		in, out := &in.Candidates, &out.Candidates
+		*out = new(PodSelector)
+		(*in).DeepCopyInto(*out)
+	}
 	if in.StartTimeout != nil {
 		in, out := &in.StartTimeout, &out.StartTimeout
 		*out = new(v1.Duration)

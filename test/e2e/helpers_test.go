@@ -203,7 +203,7 @@ func newLock(t testing.TB, label string) string {
 		ObjectMeta: metav1.ObjectMeta{Name: lockName, Namespace: ns},
 		Spec: locksv1.DistributedLockSpec{
 			LeaseDuration: &metav1.Duration{Duration: 5 * time.Second},
-			Candidates:    locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{label: "yes"}},
+			Candidates:    &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{label: "yes"}},
 		},
 	}
 	if err := k8s.Create(context.Background(), lock); err != nil {

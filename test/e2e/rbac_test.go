@@ -62,7 +62,7 @@ func TestAggregatedRoles(t *testing.T) {
 	lock := func(name string) *locksv1.DistributedLock {
 		return &locksv1.DistributedLock{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: name},
-			Spec:       locksv1.DistributedLockSpec{Candidates: locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "x"}}},
+			Spec:       locksv1.DistributedLockSpec{Candidates: &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "x"}}},
 		}
 	}
 	as := func(user string) client.Client {
