@@ -55,7 +55,7 @@ manifests: controller-gen ## Generate the CRD and RBAC manifests under config/ f
 	@# the same admission policies.
 	cp config/crd/bases/locks.lockwarden.dev_distributedlocks.yaml dist/chart/files/crds/
 	cp config/rbac/role.yaml dist/chart/files/rbac/manager-role.yaml
-	cp config/admission/fencing.yaml config/admission/gate.yaml dist/chart/files/admission/
+	cp config/admission/fencing.yaml config/admission/gate.yaml config/admission/manager.yaml dist/chart/files/admission/
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods for the API types.

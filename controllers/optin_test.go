@@ -7,7 +7,11 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -88,4 +92,93 @@ func TestOneLabelGuardsAPod(t *testing.T) {
 	if got := gateNames(both); !slices.Equal(got, []string{gateFor("first"), gateFor("second")}) {
 		t.Fatalf("a pod naming first (label) and first, second (annotation) got gates %v", got)
 	}
+}
+
+// The manager may change only lockwarden's own marks (issue 22): the policy
+// of config/admission/manager.yaml refuses any other pod change by the
+// manager's ServiceAccount, and admits the marks and the lift of
+// lockwarden's gates. The requests impersonate that ServiceAccount, bound
+// to cluster-admin so that RBAC lets every one reach admission (the API
+// server does not apply admission policies to the group system:masters).
+func TestTheManagerMayChangeOnlyItsMarks(t *testing.T) {
+	ns := newNamespace(t)
+	cfg := rest.CopyConfig(restCfg)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + ns + ":lockwarden-controller-manager",
+		Groups:   []string{"system:serviceaccounts", "system:authenticated"},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "manager-writes-" + ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"},
+		Subjects:   []rbacv1.Subject{{Kind: "User", Name: cfg.Impersonate.UserName}},
+	}
+	if err := k8s.Create(context.Background(), binding); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), binding) })
+	manager, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The API server applies a policy a moment after it is created: probe
+	// with a fresh pod each time, since a change let through changes the
+	// pod for good.
+	probes := 0
+	eventually(t, "the policy to be applied", func() bool {
+		probes++
+		probe := getPod(t, createPod(t, ns, fmt.Sprint("probe-", probes), "probe"))
+		probe.Labels["team"] = "other"
+		return manager.Update(context.Background(), probe) != nil
+	})
+	pod := createPod(t, ns, "p", "job", gatedBy("singleton"), func(p *corev1.Pod) {
+		p.Labels["team"] = "payments"
+		p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: "kueue.x-k8s.io/admission"})
+	})
+	change := func(mutate func(*corev1.Pod)) error {
+		p := getPod(t, pod)
+		mutate(p)
+		return manager.Update(context.Background(), p)
+	}
+	for what, mutate := range map[string]func(*corev1.Pod){
+		"the image":                 func(p *corev1.Pod) { p.Spec.Containers[0].Image = "evil:latest" },
+		"another tool's label":      func(p *corev1.Pod) { p.Labels["team"] = "other" },
+		"a new label of its own":    func(p *corev1.Pod) { p.Labels["app"] = "x" },
+		"another tool's annotation": func(p *corev1.Pod) { p.Annotations = map[string]string{"note": "x"} },
+		"another controller's gate": func(p *corev1.Pod) {
+			p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == "kueue.x-k8s.io/admission" })
+		},
+	} {
+		if err := change(mutate); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+			t.Errorf("the manager changing %s: %v, want refused", what, err)
+		}
+	}
+	if err := manager.Delete(context.Background(), getPod(t, pod)); err == nil {
+		t.Error("the manager deleted a pod")
+	}
+	if err := change(func(p *corev1.Pod) {
+		setMarksOn(p, "singleton")
+		p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gateFor("singleton") })
+	}); err != nil {
+		t.Fatalf("the manager's marks and the lift of its gate were refused: %v", err)
+	}
+	if err := change(func(p *corev1.Pod) {
+		delete(p.Labels, locksv1.HolderLabelFor("singleton"))
+		for _, prefix := range locksv1.MarkAnnotationPrefixes {
+			delete(p.Annotations, prefix+"singleton")
+		}
+	}); err != nil {
+		t.Fatalf("the manager clearing its marks was refused: %v", err)
+	}
+}
+
+// setMarksOn gives the pod a lock's marks, as the controller writes them.
+func setMarksOn(p *corev1.Pod, lock string) {
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Labels[locksv1.HolderLabelFor(lock)] = "true"
+	p.Annotations[locksv1.OwnerAnnotationPrefix+lock] = string(p.UID) + ":0"
+	p.Annotations[locksv1.TokenAnnotationPrefix+lock] = "7"
+	p.Annotations[locksv1.SinceAnnotationPrefix+lock] = "2026-11-25T18:00:00Z"
+	p.Annotations[locksv1.UngatedAnnotationPrefix+lock] = "7"
 }

@@ -104,7 +104,7 @@ func run(m *testing.M) int {
 // an install does. The API server enforces them a moment later: a test
 // relying on one waits for it (waitForFencing, waitForGating).
 func installAdmission() error {
-	for _, name := range []string{"fencing.yaml", "gate.yaml"} {
+	for _, name := range []string{"fencing.yaml", "gate.yaml", "manager.yaml"} {
 		data, err := os.ReadFile(filepath.Join("..", "config", "admission", name))
 		if err != nil {
 			return err
