@@ -67,21 +67,36 @@ func stripPod(obj any) (any, error) {
 		TypeMeta: pod.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
 			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
-			Generation: pod.Generation, CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp,
+			Generation: pod.Generation, CreationTimestamp: pod.CreationTimestamp,
+			DeletionTimestamp: pod.DeletionTimestamp, DeletionGracePeriodSeconds: pod.DeletionGracePeriodSeconds,
 			Labels: pod.Labels, Annotations: ownAnnotations(pod.Annotations),
 		},
 		Spec: corev1.PodSpec{
 			NodeName: pod.Spec.NodeName, SchedulingGates: pod.Spec.SchedulingGates,
 			InitContainers: stripContainers(pod.Spec.InitContainers), Containers: stripContainers(pod.Spec.Containers),
+			EphemeralContainers: stripEphemeral(pod.Spec.EphemeralContainers),
 		},
 		Status: corev1.PodStatus{
-			Phase:                 pod.Status.Phase,
-			Conditions:            stripConditions(pod.Status.Conditions),
-			InitContainerStatuses: stripContainerStatuses(pod.Status.InitContainerStatuses),
-			ContainerStatuses:     stripContainerStatuses(pod.Status.ContainerStatuses),
+			Phase:                      pod.Status.Phase,
+			Conditions:                 stripConditions(pod.Status.Conditions),
+			InitContainerStatuses:      stripContainerStatuses(pod.Status.InitContainerStatuses),
+			ContainerStatuses:          stripContainerStatuses(pod.Status.ContainerStatuses),
+			EphemeralContainerStatuses: stripContainerStatuses(pod.Status.EphemeralContainerStatuses),
 		},
 	}
 	return stripped, nil
+}
+
+// stripEphemeral keeps each ephemeral container's name.
+func stripEphemeral(in []corev1.EphemeralContainer) []corev1.EphemeralContainer {
+	if in == nil {
+		return nil
+	}
+	out := make([]corev1.EphemeralContainer, len(in))
+	for i, c := range in {
+		out[i].Name = c.Name
+	}
+	return out
 }
 
 // stripContainers keeps each container's name and restart policy: an init

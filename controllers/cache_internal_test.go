@@ -137,7 +137,6 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 			},
 		}
 		setMarks(p, "l", "u:0", 3)
-		p.Annotations[locksv1.UngatedAnnotationPrefix+"l"] = "3"
 		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "sidecar", State: running, Image: "envoy", RestartCount: 1,
 			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", StartedAt: at(2), FinishedAt: at(3)}}}}
 		for i, s := range states {
@@ -183,12 +182,12 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 			t.Errorf("%s: stripping a stripped pod copied it again", name)
 		}
 		if stopped(s) != stopped(pod) || started(s) != started(pod) || whyNotStarted(s) != whyNotStarted(pod) ||
-			!stopTime(s).Equal(stopTime(pod)) || !markedAt(s, "l").Equal(markedAt(pod, "l")) || !lastUngated(s).Equal(lastUngated(pod)) ||
+			!stopTime(s).Equal(stopTime(pod)) || !markedAt(s, "l").Equal(markedAt(pod, "l")) || !lastMarked(s).Equal(lastMarked(pod)) ||
 			restarting(s) != restarting(pod) || !markedBy(s, "l") || !carriesMarks(s, "l") {
 			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v, restarting %q/%q",
 				name, stopped(s), stopped(pod), started(s), started(pod), whyNotStarted(s), whyNotStarted(pod), stopTime(s), stopTime(pod), restarting(s), restarting(pod))
 		}
-		if len(s.Annotations) != 4 || s.Spec.Containers[0].Image != "" || len(s.Status.Conditions) > 2 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
+		if len(s.Annotations) != 3 || s.Spec.Containers[0].Image != "" || len(s.Status.Conditions) > 2 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
 			t.Errorf("%s: kept annotations %v, containers %v, conditions %+v, labels %v",
 				name, s.Annotations, s.Spec.Containers, s.Status.Conditions, s.Labels)
 		}

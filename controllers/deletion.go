@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -39,23 +40,26 @@ func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scop
 	return nil
 }
 
-// waitsFor is the key's grantee if the deleting lock lifted its gate and it
-// has not stopped: the pod whose grant the lock keeps until it stops.
+// waitsFor is the pod the deleting lock's status records it lifted its gate
+// from, if that pod has not stopped: the lock keeps its grant until then.
 func (s *scope) waitsFor(d *locksv1.DistributedLock) *corev1.Pod {
-	p := s.grantee
-	if p == nil || p.Namespace != d.Namespace {
+	st := d.Status.Holder
+	if st == nil || !st.GrantedByController || !st.GateLifted {
 		return nil
 	}
-	if _, ungated := p.Annotations[locksv1.UngatedAnnotationPrefix+d.Name]; !ungated || markedAt(p, d.Name).Before(d.CreationTimestamp.Time) {
-		return nil
+	if p := s.byUID[types.UID(st.PodUID)]; p != nil && p.Namespace == d.Namespace && !stopped(p) {
+		return p
 	}
-	return p
+	return nil
 }
 
 // releaseGrantsOf releases, for a lock being deleted, the grants of its key
 // to pods of its namespace that no live lock there selects, gates or marks
 // (deleting a lock is deleting its promise: a leader elected through it
-// stops being one), and removes the lock's marks. In-pod clients' holds are
+// stops being one), and removes the lock's marks. A grant whose gate any
+// lock of the key lifted is never released here while its pod runs: the
+// lock that lifted it waits for it, whether it is live, refused or being
+// deleted too. In-pod clients' holds are
 // the pods' own. Its pods still behind its gate stay gated, and are told
 // why (gates.go).
 func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scope, d *locksv1.DistributedLock) error {
@@ -73,6 +77,7 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		name := ""
 		switch gone, isGone := s.gone[h.podUID]; {
 		case !h.byController():
+		case h.pod != nil && !stopped(h.pod) && s.liftedFor(h.pod):
 		case h.pod != nil && h.pod.Namespace == d.Namespace && !claimed(h.pod):
 			name = h.pod.Name
 		case h.pod == nil && isGone && gone.Namespace == d.Namespace:

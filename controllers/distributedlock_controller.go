@@ -100,11 +100,12 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyReques
 	return result, kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
 }
 
-// addFinalizers gives each live lock of the key the finalizer before
-// anything is granted or marked for it, so that its deletion releases
-// whatever it was given.
+// addFinalizers gives each live lock of the key that may use it the
+// finalizer before anything is granted or marked for it, so that its
+// deletion releases whatever it was given. A lock of a namespace that may
+// not use the key gets none: it is given nothing.
 func (r *DistributedLockReconciler) addFinalizers(ctx context.Context, s *scope) error {
-	for _, l := range append(slices.Clip(s.locks), s.revoked...) {
+	for _, l := range s.locks {
 		if controllerutil.ContainsFinalizer(l, locksv1.Finalizer) {
 			continue
 		}
@@ -126,7 +127,9 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 	}
 	if s.notALock {
 		r.backoff.succeeded(s.key)
-		return ctrl.Result{}, nil // only a new key can fix it
+		// Only a new key can fix it; deleting the lock lets it go, with no
+		// grant of the key to release.
+		return ctrl.Result{}, r.finalizeDeleted(ctx, s)
 	}
 	for _, phase := range []struct {
 		name string
@@ -135,7 +138,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		{"release stopped holders", r.releaseStopped},
 		{"keep grants", r.keepGrants},
 		{"grant", r.grantNext},
-		{"record the fencing token", r.recordFence},
+		{"record the grant", r.recordGrant},
 		{"mark pods", r.markPods},
 		{"finalize deleted locks", r.finalizeDeleted},
 		{"watch startup", r.watchStartup},
@@ -161,8 +164,9 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		r.keyReleases.unwatch(s.key)
 	}
 	// Nobody publishes a take: a free key that candidates take themselves
-	// (mode Observe) is looked at again soon, to show a new holder.
-	if len(s.holders) == 0 && slices.ContainsFunc(s.locks, func(l *locksv1.DistributedLock) bool { return !grantsFor(l) }) {
+	// (mode Observe) is looked at again soon, to show a new holder, while a
+	// candidate runs that could take it (one that starts is a pod event).
+	if len(s.holders) == 0 && slices.ContainsFunc(s.pods, s.observedRunning) {
 		s.requeue(observePoll)
 	}
 	// Nor does an unwatched pod's end arrive as an event.
@@ -203,12 +207,22 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 }
 
 // patchStatuses writes the status of every lock in the scope that changed.
+// A refused lock's write failing fails nothing else: the lock is another
+// namespace's, whose tenant must not be able to hold this key's reconciles
+// back.
 func (r *DistributedLockReconciler) patchStatuses(ctx context.Context, s *scope) error {
 	var errs []error
 	for _, l := range s.all() {
-		if before := s.before[client.ObjectKeyFromObject(l)]; before != nil {
-			errs = append(errs, r.patchStatus(ctx, before, l))
+		before := s.before[client.ObjectKeyFromObject(l)]
+		if before == nil {
+			continue
 		}
+		err := r.patchStatus(ctx, before, l)
+		if err != nil && slices.Contains(s.revoked, l) {
+			log.FromContext(ctx).Error(err, "cannot write a refused lock's status", "lock", client.ObjectKeyFromObject(l))
+			continue
+		}
+		errs = append(errs, err)
 	}
 	return kerrors.NewAggregate(errs)
 }

@@ -4,21 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
 // grantNext gives the free key to the first eligible candidate, holding it
 // in Redis under the owner ID "<pod UID>:0". Nothing is granted while a
-// grant is out (sticky until its pod stops) or in conflict.
+// grant is out (sticky until its pod stops) or in conflict. The grant is
+// recorded, and checked past the cache, before any gate is lifted with it
+// (recordGrant).
 func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) error {
 	if len(s.holders) > 0 || s.grantee != nil || s.conflict {
 		return nil
@@ -30,13 +27,6 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 		}
 		if why != "" {
 			continue
-		}
-		if s.guards(pod) {
-			// A gate cannot be put back: confirm past the cache that no
-			// other pod still has a grant of the key before lifting one.
-			if err := r.confirmNoGrantOut(ctx, s); err != nil {
-				return err
-			}
 		}
 		terms, c, err := r.clientFor(s, pod)
 		if err != nil {
@@ -52,7 +42,7 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 		r.remember(s, pod, terms, hold)
 		s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
 		s.info.Token = hold.Token()
-		s.grantee = pod
+		s.grantee, s.fresh = pod, true
 		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, hold.Token())
 		r.tellGranted(s, pod, hold.Token())
 		for _, l := range s.locksIn(pod.Namespace) {
@@ -113,28 +103,3 @@ func (r *DistributedLockReconciler) whyWaits(ctx context.Context, s *scope, pod 
 // stopping is why a pod that has stopped, or is being deleted, waits for
 // nothing any more.
 const stopping = "stopping"
-
-// confirmNoGrantOut reads the pods from the API server and fails if one has
-// a grant of the key and has not stopped, which the cache did not show yet.
-// The controller writes a grant's owner annotation and holder label in one
-// patch, so the pods carrying a holder label of the scope's locks are the
-// ones to read, and the API server selects them.
-func (r *DistributedLockReconciler) confirmNoGrantOut(ctx context.Context, s *scope) error {
-	for _, l := range append(slices.Clip(s.locks), s.deleting...) {
-		marked, err := labels.NewRequirement(locksv1.HolderLabelFor(l.Name), selection.Exists, nil)
-		if err != nil {
-			return err
-		}
-		var pods corev1.PodList
-		if err := r.APIReader.List(ctx, &pods, client.InNamespace(l.Namespace),
-			client.MatchingLabelsSelector{Selector: labels.NewSelector().Add(*marked)}); err != nil {
-			return err
-		}
-		for i := range pods.Items {
-			if p := &pods.Items[i]; s.granted(p) && !stopped(p) {
-				return fmt.Errorf("pod %s/%s still has a grant of %s that the cache does not show yet", p.Namespace, p.Name, s.key)
-			}
-		}
-	}
-	return nil
-}

@@ -1,20 +1,29 @@
 package controllers
 
 import (
-	"slices"
-
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
+// The record of a grant is the status of the locks naming the key: the
+// controller writes a grant's holder there (recordGrant) before it lifts a
+// gate with it, and only the controller writes a lock's status. A pod's
+// marks are for display and Services: its tenant can write them, and they
+// prove nothing.
+
 // granteeOf is the pod the controller granted the key to that has not
-// stopped, if any: the one holding it in Redis under "<pod UID>:0", else the
-// one this process granted it to, else the oldest pod whose marks, or whose
-// lock's status, record a grant (after a manager restart, or a lease lost
-// with Redis's data). Each must be of a namespace that may hold the grant
-// (mayHoldGrant).
+// stopped, if any: the one the locks' statuses record (the latest grant, by
+// fencing token), else the one holding it in Redis under "<pod UID>:0" in a
+// namespace that may hold it (a grant with no gate to lift, or not recorded
+// yet), else the one this process granted it to.
 func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
+	if p, _ := s.recordedGrantee(); p != nil {
+		return p
+	}
 	for _, h := range s.holders {
-		if h.pod != nil && h.byController() && !stopped(h.pod) && s.mayHoldGrant(h.pod) {
+		if h.pod != nil && h.byController() && !stopped(h.pod) && s.mayUse[h.pod.Namespace] && s.hasLockIn(h.pod.Namespace) {
 			return h.pod
 		}
 	}
@@ -25,39 +34,54 @@ func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 			return p
 		}
 	}
-	var oldest *corev1.Pod
-	for _, p := range s.pods {
-		if !stopped(p) && (s.granted(p) || s.recordedGrant(p)) && (oldest == nil || p.CreationTimestamp.Before(&oldest.CreationTimestamp)) {
-			oldest = p
+	return nil
+}
+
+// recordedGrantee is the pod of the latest grant the statuses of the key's
+// locks record (the highest token), if it has not stopped, and that record.
+// A lock's status only ever records a pod of its own namespace.
+func (s *scope) recordedGrantee() (*corev1.Pod, *locksv1.LockHolder) {
+	var pod *corev1.Pod
+	var record *locksv1.LockHolder
+	for _, l := range s.all() {
+		st := l.Status.Holder
+		if st == nil || !st.GrantedByController {
+			continue
+		}
+		p := s.byUID[types.UID(st.PodUID)]
+		if p == nil || p.Namespace != l.Namespace || stopped(p) {
+			continue
+		}
+		if record == nil || st.Token > record.Token {
+			pod, record = p, st
 		}
 	}
-	return oldest
+	return pod, record
 }
 
 // mayHoldGrant reports whether the pod may hold a grant of the key: its
 // namespace may use the key and has a lock naming it (live, or being
-// deleted), or a lock of its namespace that may no longer use the key
-// records the grant in its status (recordedGrant).
+// deleted), or a lock of its namespace records the grant in its status.
 func (s *scope) mayHoldGrant(pod *corev1.Pod) bool {
-	if s.mayUse[pod.Namespace] {
-		return len(s.locksIn(pod.Namespace)) > 0 || len(s.deletingIn(pod.Namespace)) > 0
+	if s.mayUse[pod.Namespace] && s.hasLockIn(pod.Namespace) {
+		return true
 	}
-	return s.recordedGrant(pod)
+	p, _ := s.recordedGrantee()
+	return p != nil && p.UID == pod.UID
 }
 
-// recordedGrant reports whether a lock of a namespace that may no longer
-// use the key (un-shared by the administrator) records in its status a
-// grant to the pod, made while the namespace could. Only the status counts
-// there: the pod's marks, and a hold in Redis, are things its tenant can
-// forge, but a status only the controller writes. Such a grant is kept, and
-// taken again if Redis loses it, until the pod stops: un-sharing a key
-// never ends a running grant.
-func (s *scope) recordedGrant(pod *corev1.Pod) bool {
-	if s.mayUse[pod.Namespace] {
-		return false
-	}
-	for _, l := range append(slices.Clip(s.revoked), s.deleting...) {
-		if st := l.Status.Holder; l.Namespace == pod.Namespace && st != nil && st.GrantedByController && st.PodUID == string(pod.UID) {
+// hasLockIn reports whether a live or deleting lock of the namespace may
+// hold the key.
+func (s *scope) hasLockIn(namespace string) bool {
+	return len(s.locksIn(namespace)) > 0 || len(s.deletingIn(namespace)) > 0
+}
+
+// liftedFor reports whether a lock of the key records that it lifted its
+// gate from the pod: such a grant is kept until the pod stops, whatever
+// happens to the lock.
+func (s *scope) liftedFor(pod *corev1.Pod) bool {
+	for _, l := range s.all() {
+		if st := l.Status.Holder; st != nil && st.GrantedByController && st.GateLifted && st.PodUID == string(pod.UID) && l.Namespace == pod.Namespace {
 			return true
 		}
 	}

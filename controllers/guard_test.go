@@ -58,8 +58,7 @@ func setContainers(t *testing.T, pod *corev1.Pod, phase corev1.PodPhase, state c
 }
 
 var (
-	running    = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
-	terminated = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: metav1.Now(), FinishedAt: metav1.Now()}}
+	running = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
 )
 
 func gatedWith(pod *corev1.Pod, gate string) bool {
@@ -128,7 +127,7 @@ func TestCase1HolderKeepsLockThroughGracefulDeletion(t *testing.T) {
 	}
 
 	// The kubelet reports every container terminated: run-1 has stopped.
-	setContainers(t, run1, corev1.PodRunning, terminated)
+	setContainers(t, run1, corev1.PodRunning, exited(0))
 	eventually(t, "run-2 to be ungated", func() bool { return !gatedWith(getPod(t, run2), gateFor("singleton")) })
 	eventually(t, "run-2 to hold the lock", func() bool { return holds(t, key, run2) })
 }
@@ -246,7 +245,7 @@ func TestCase3TwoLocksOnOnePod(t *testing.T) {
 	if markedBy(getPod(t, runB), "b-lock") {
 		t.Fatal("run-b carries b-lock's marks while run-a holds it")
 	}
-	setContainers(t, runA, corev1.PodSucceeded, terminated)
+	setContainers(t, runA, corev1.PodSucceeded, exited(0))
 	eventually(t, "run-b to be ungated", func() bool { return len(getPod(t, runB).Spec.SchedulingGates) == 0 })
 	p := getPod(t, runB)
 	if !markedBy(p, "a-lock") || !markedBy(p, "b-lock") {

@@ -18,8 +18,8 @@ import (
 // a mark or gate of its locks) to the marks it should carry for each live
 // lock of its namespace: the holder carries the marks of the locks that
 // select it, gate it or marked it before, and if the controller holds the
-// key for it, loses those locks' gates, each lift recorded by the lock's
-// ungated mark; every other pod carries none, except a grantee in
+// key for it, loses those locks' gates (recordGrant recorded the grant
+// first); every other pod carries none, except a grantee in
 // conflict, whose marks record its sticky grant. A lock's marks are its own
 // label, annotations and gate, so locks never overwrite each other's. The
 // pods of namespaces that may not use the key are never written, and the
@@ -45,8 +45,8 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 				(selects(l, pod) || hasGate(pod, locksv1.GateFor(l.Name)) || markedBy(pod, l.Name)):
 				h := s.holders[0]
 				setMarks(want, l.Name, string(h.owner), s.info.Token)
-				if h.byController() && grantsFor(l) && hasGate(pod, locksv1.GateFor(l.Name)) {
-					liftGate(want, l.Name, s.info.Token)
+				if s.liftsGate(l, pod) {
+					liftGate(want, l.Name)
 				}
 			case s.conflict && s.grantee != nil && pod.UID == s.grantee.UID:
 			default:
@@ -60,15 +60,13 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 	return nil
 }
 
-// liftGate removes the lock's gate from the pod and records the lift, with
-// the grant's fencing token: the pod keeps its grant until it stops, even
-// if the lock is deleted (finalizeDeleted), and the admission policy checks
-// the token against the highest one recorded for the key (recordFence).
-func liftGate(pod *corev1.Pod, lock string, token int64) {
+// liftGate removes the lock's gate from the pod. The lift goes in the same
+// patch as the token annotation, which the admission policy checks against
+// the highest token recorded for the key (recordGrant).
+func liftGate(pod *corev1.Pod, lock string) {
 	pod.Spec.SchedulingGates = slices.DeleteFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
 		return g.Name == locksv1.GateFor(lock)
 	})
-	pod.Annotations[locksv1.UngatedAnnotationPrefix+lock] = strconv.FormatInt(token, 10)
 }
 
 // patchPod writes the difference between pod and want, if any, as a merge

@@ -248,7 +248,7 @@ func (w *world) step() string {
 			if p == nil {
 				return false
 			}
-			w.setContainers(p, p.Status.Phase, terminated)
+			w.setContainers(p, p.Status.Phase, exited(0))
 			return true
 		}},
 		{7, "kubelet removes a stopped pod", func() bool {
@@ -391,7 +391,7 @@ func (w *world) finish(pods []corev1.Pod, phase corev1.PodPhase) bool {
 	if p == nil {
 		return false
 	}
-	w.setContainers(p, phase, terminated)
+	w.setContainers(p, phase, exited(0))
 	return true
 }
 

@@ -180,5 +180,4 @@ func setMarksOn(p *corev1.Pod, lock string) {
 	p.Annotations[locksv1.OwnerAnnotationPrefix+lock] = string(p.UID) + ":0"
 	p.Annotations[locksv1.TokenAnnotationPrefix+lock] = "7"
 	p.Annotations[locksv1.SinceAnnotationPrefix+lock] = "2026-11-25T18:00:00Z"
-	p.Annotations[locksv1.UngatedAnnotationPrefix+lock] = "7"
 }

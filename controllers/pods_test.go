@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -69,9 +70,12 @@ var optInPods = labels.SelectorFromSet(labels.Set{optInLabel: "true"})
 // Then it reconciles the lock at once, as the event would have.
 func leaveFilter(t *testing.T, h *harness, pod *corev1.Pod, lock *locksv1.DistributedLock) {
 	t.Helper()
-	p := getPod(t, pod)
-	delete(p.Labels, optInLabel)
-	if err := k8s.Update(context.Background(), p); err != nil {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p := getPod(t, pod)
+		delete(p.Labels, optInLabel)
+		return k8s.Update(context.Background(), p)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, pod.Name+" to leave the manager's cache", func() bool {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -18,13 +19,15 @@ import (
 
 // stopped reports whether the pod's containers can never run again: its
 // phase is Succeeded or Failed, or its deletion is in progress and every
-// container (init, native sidecar and app) has terminated, or it is being
-// deleted before it was ever bound to a node. A deletion timestamp alone is
-// not enough: the containers run on through the grace period. Nor is every
-// container terminated while the pod lives: the kubelet may restart them. A
+// container (init, native sidecar, app and ephemeral) has terminated since
+// the deletion was asked for, or it is being deleted before it was ever
+// bound to a node. A deletion timestamp alone is not enough: the containers
+// run on through the grace period. Nor is every container terminated while
+// the pod lives: the kubelet may restart them, and a container that exited
+// before the deletion may still be restarted until the kubelet sees it. A
 // pod that is gone has stopped too; callers see it as missing. Stopped is
-// final: no kubelet starts a container of a pod in a terminal phase or
-// being deleted.
+// final: no kubelet starts a container of a pod in a terminal phase, nor
+// one it is deleting.
 func stopped(pod *corev1.Pod) bool {
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return true
@@ -35,16 +38,26 @@ func stopped(pod *corev1.Pod) bool {
 	if pod.Spec.NodeName == "" && len(pod.Status.ContainerStatuses) == 0 && len(pod.Status.InitContainerStatuses) == 0 {
 		return true // never bound, and the scheduler binds no pod being deleted
 	}
-	return allTerminated(pod.Spec.InitContainers, pod.Status.InitContainerStatuses) &&
-		allTerminated(pod.Spec.Containers, pod.Status.ContainerStatuses)
+	asked := pod.DeletionTimestamp.Time
+	if g := pod.DeletionGracePeriodSeconds; g != nil {
+		asked = asked.Add(-time.Duration(*g) * time.Second)
+	}
+	ephemeral := make([]corev1.Container, len(pod.Spec.EphemeralContainers))
+	for i, c := range pod.Spec.EphemeralContainers {
+		ephemeral[i] = corev1.Container{Name: c.Name}
+	}
+	return terminatedSince(asked, pod.Spec.InitContainers, pod.Status.InitContainerStatuses) &&
+		terminatedSince(asked, pod.Spec.Containers, pod.Status.ContainerStatuses) &&
+		terminatedSince(asked, ephemeral, pod.Status.EphemeralContainerStatuses)
 }
 
-// allTerminated reports whether every container has a terminated status.
-// A container without a status has not been reported on, so it may run.
-func allTerminated(containers []corev1.Container, statuses []corev1.ContainerStatus) bool {
+// terminatedSince reports whether every container has a terminated status
+// that ended at or after the instant, to the second the API keeps. A
+// container without a status has not been reported on, so it may run.
+func terminatedSince(instant time.Time, containers []corev1.Container, statuses []corev1.ContainerStatus) bool {
 	for _, c := range containers {
 		cs := statusOf(c.Name, statuses)
-		if cs == nil || cs.State.Terminated == nil {
+		if cs == nil || cs.State.Terminated == nil || cs.State.Terminated.FinishedAt.Before(&metav1.Time{Time: instant.Truncate(time.Second)}) {
 			return false
 		}
 	}
@@ -113,13 +126,13 @@ func whyNotStarted(pod *corev1.Pod) string {
 	return "phase " + string(pod.Status.Phase)
 }
 
-// lastUngated is when the pod was last marked as a lock's holder by a
-// grant that lifted a gate: after the last of its gates went, it was free
-// to start. Zero if no mark says so.
-func lastUngated(pod *corev1.Pod) time.Time {
+// lastMarked is when the pod was last marked as a lock's holder: for a
+// pod whose gates are all lifted, about when the last of them went and it
+// was free to start. Zero if no mark says so.
+func lastMarked(pod *corev1.Pod) time.Time {
 	var latest time.Time
 	for k := range pod.Annotations {
-		if lock, ok := strings.CutPrefix(k, locksv1.UngatedAnnotationPrefix); ok {
+		if lock, ok := strings.CutPrefix(k, locksv1.SinceAnnotationPrefix); ok {
 			if t := markedAt(pod, lock); t.After(latest) {
 				latest = t
 			}

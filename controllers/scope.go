@@ -79,6 +79,12 @@ type scope struct {
 	// somebody else holds the key in Redis meanwhile.
 	grantee  *corev1.Pod
 	conflict bool
+	// fresh is set when this reconcile took the key in Redis for the
+	// grantee: a hold that recordGrant gives back if it must not be used.
+	fresh bool
+	// notReady, if set, is why the key's locks are not Ready, though Redis
+	// answered.
+	notReady *condition
 	// after is how soon the key must be looked at again, or 0.
 	after time.Duration
 }
@@ -87,6 +93,9 @@ type scope struct {
 func (s *scope) all() []*locksv1.DistributedLock {
 	return append(append(slices.Clip(s.locks), s.revoked...), s.deleting...)
 }
+
+// condition is a condition's reason and message.
+type condition struct{ reason, message string }
 
 // requeue asks for another look at the key within d.
 func (s *scope) requeue(d time.Duration) {
@@ -171,6 +180,7 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	if err := s.readRedis(ctx); err != nil {
 		return nil, err
 	}
+	r.holderToken(s)
 	s.grantee = r.granteeOf(s)
 	return s, nil
 }
@@ -212,6 +222,27 @@ func (s *scope) readRedis(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// holderToken fills in the holder's fencing token when Redis no longer
+// shows it: the counter it came from expires a day after its last token,
+// while the ownership lives on (a leader holds for weeks). The token is
+// then the one this process took, or the one the locks recorded for that
+// owner.
+func (r *DistributedLockReconciler) holderToken(s *scope) {
+	if len(s.holders) == 0 || s.info.Token != 0 {
+		return
+	}
+	h := s.holders[0]
+	if g := r.grants.get(s.key); g != nil && g.podUID == h.podUID && g.hold != nil && h.byController() {
+		s.info.Token = g.hold.Token()
+		return
+	}
+	for _, l := range s.all() {
+		if st := l.Status.Holder; st != nil && st.OwnerID == string(h.owner) {
+			s.info.Token = max(s.info.Token, st.Token)
+		}
+	}
 }
 
 // addPod adds a pod to the scope, once.
@@ -294,19 +325,12 @@ func (s *scope) deletingIn(namespace string) []*locksv1.DistributedLock {
 	return out
 }
 
-// granted reports whether the pod's marks record a controller grant of the
-// key by a lock of its namespace that is live and may use the key, or is
-// being deleted and could: its owner annotation names "<pod UID>:0", marked
-// since the lock was created (marks a lock of the same name left behind
-// are no grant of this one's).
-func (s *scope) granted(pod *corev1.Pod) bool {
-	for _, l := range append(s.locksIn(pod.Namespace), s.deletingIn(pod.Namespace)...) {
-		if pod.Annotations[locksv1.OwnerAnnotationPrefix+l.Name] == string(ownerFor(pod.UID)) &&
-			!markedAt(pod, l.Name).Before(l.CreationTimestamp.Time) && (l.DeletionTimestamp.IsZero() || s.mayUse[l.Namespace]) {
-			return true
-		}
-	}
-	return false
+// liftsGate reports whether the controller holds the key for the pod and
+// the lock, live and in mode Grant, gates it: the grant lifts its gate.
+func (s *scope) liftsGate(l *locksv1.DistributedLock, pod *corev1.Pod) bool {
+	h, ok := s.heldBy(pod.UID)
+	return ok && h.byController() && l.DeletionTimestamp.IsZero() && s.mayUse[l.Namespace] && grantsFor(l) &&
+		l.Namespace == pod.Namespace && hasGate(pod, locksv1.GateFor(l.Name))
 }
 
 // guards reports whether a lock of the scope in mode Grant gates the pod:
@@ -318,6 +342,13 @@ func (s *scope) guards(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// observedRunning reports whether a lock of the scope in mode Observe
+// selects the pod, and it runs: its client may take the key.
+func (s *scope) observedRunning(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodRunning && !stopped(pod) &&
+		slices.ContainsFunc(s.selectors(pod), func(l *locksv1.DistributedLock) bool { return !grantsFor(l) })
 }
 
 // gatedByAny reports whether a live lock of the scope gates the pod.

@@ -39,7 +39,14 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 			meta.RemoveStatusCondition(&l.Status.Conditions, locksv1.ConditionHolderStarted)
 			continue
 		}
-		if gates := pod.Spec.SchedulingGates; len(gates) > 0 {
+		// A gate no lock can lift any more (its lock deleted, or no longer
+		// selecting the pod) keeps the pod from starting for good: that is
+		// late, not waiting.
+		_, problems, err := r.gateLocks(ctx, pod)
+		if err != nil {
+			return err
+		}
+		if gates := pod.Spec.SchedulingGates; len(gates) > 0 && len(problems) == 0 {
 			var names []string
 			for _, g := range gates {
 				names = append(names, g.Name)
@@ -52,34 +59,42 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 			r.reportRestarts(s, l, pod)
 			continue
 		}
+		why := whyNotStarted(pod)
+		if len(problems) > 0 {
+			why = problems[0].message
+		}
 		timeout := defaultStartTimeout
 		if l.Spec.StartTimeout != nil {
 			timeout = l.Spec.StartTimeout.Duration
 		}
-		since := lastUngated(pod)
-		if since.IsZero() {
-			since = markedAt(pod, l.Name)
-		}
+		since := lastMarked(pod)
 		if since.IsZero() {
 			since = time.Now()
 		}
 		if wait := time.Until(since.Add(timeout)); wait > 0 {
 			setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionUnknown, "Starting",
-				fmt.Sprintf("%s was granted the lock and has not started yet: %s", pod.Name, whyNotStarted(pod)))
+				fmt.Sprintf("%s was granted the lock and has not started yet: %s", pod.Name, why))
 			s.requeue(wait)
 			continue
 		}
 		// The message names the bound, not the time elapsed, so it stays
 		// the same and the status is not rewritten on every reconcile.
-		msg := fmt.Sprintf("%s has not started for %s: %s", pod.Name, shortDuration(timeout), whyNotStarted(pod))
+		msg := fmt.Sprintf("%s has not started for %s: %s", pod.Name, shortDuration(timeout), why)
 		was := meta.FindStatusCondition(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionHolderStarted)
 		if was == nil || was.Reason != "NotStarted" {
 			r.Recorder.Event(l, corev1.EventTypeWarning, "NotStarted", msg)
 		}
 		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionFalse, "NotStarted", msg)
 		if l.Spec.DeleteUnstarted && pod.DeletionTimestamp.IsZero() {
-			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+			// Only the pod seen here, as seen here: a pod that started since,
+			// or a new pod of the same name, is not evicted.
+			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+				DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID, ResourceVersion: &pod.ResourceVersion}}}
 			err := client.IgnoreNotFound(r.SubResource("eviction").Create(ctx, pod, eviction))
+			if apierrors.IsConflict(err) {
+				s.requeue(time.Second) // it changed: look again
+				continue
+			}
 			if apierrors.IsTooManyRequests(err) {
 				// A PodDisruptionBudget does not allow it now (or the API
 				// server throttles us). That is no failure to back off

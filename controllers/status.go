@@ -25,13 +25,17 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 	for _, l := range s.locks {
 		st := &l.Status
 		st.Key = s.key
-		setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the key is this namespace's to use")
+		if s.notReady != nil {
+			setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, s.notReady.reason, s.notReady.message)
+		} else {
+			setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the key is this namespace's to use")
+		}
 		switch {
 		case len(s.holders) == 0:
 			st.Holder = nil
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionFalse, "Free", "Nobody holds the lock")
 		case holderPod != nil && holderPod.Namespace == l.Namespace:
-			st.Holder = s.holderStatus(st.Holder)
+			st.Holder = s.holderStatus(l, st.Holder)
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionTrue, "Held", "Held by pod "+holderPod.Name)
 		default:
 			st.Holder = nil
@@ -71,14 +75,18 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 	}
 }
 
-// holderStatus is the status's record of the key's holder, keeping the
-// since-time of the same ownership.
-func (s *scope) holderStatus(was *locksv1.LockHolder) *locksv1.LockHolder {
+// holderStatus is the lock's record of the key's holder, keeping the
+// since-time of the same ownership, and that the lock lifted the pod's gate
+// for as long as the pod holds the key.
+func (s *scope) holderStatus(l *locksv1.DistributedLock, was *locksv1.LockHolder) *locksv1.LockHolder {
 	h := s.holders[0]
 	next := &locksv1.LockHolder{PodName: h.pod.Name, PodUID: string(h.podUID), OwnerID: string(h.owner),
-		GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now()}
+		GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now(), GateLifted: s.liftsGate(l, h.pod)}
 	if was != nil && was.OwnerID == next.OwnerID && was.Token == next.Token {
 		next.Since = was.Since
+	}
+	if was != nil && was.PodUID == next.PodUID && was.GrantedByController && next.GrantedByController {
+		next.GateLifted = next.GateLifted || was.GateLifted
 	}
 	return next
 }
@@ -90,10 +98,10 @@ func (r *DistributedLockReconciler) revokedStatus(s *scope, l *locksv1.Distribut
 	st := &l.Status
 	st.Key = s.key
 	st.Waiting, st.Blocked, st.WaitingCount = nil, nil, 0
-	if g := s.grantee; g == nil || g.Namespace != l.Namespace || !s.recordedGrant(g) {
+	if g := s.grantee; g == nil || st.Holder == nil || st.Holder.PodUID != string(g.UID) {
 		st.Holder = nil
 	} else if h := s.holderPod(); h != nil && h.UID == g.UID && s.holders[0].byController() {
-		st.Holder = s.holderStatus(st.Holder)
+		st.Holder = s.holderStatus(l, st.Holder)
 	}
 	setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
 		"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", s.key, l.Namespace))

@@ -68,7 +68,7 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 		case err == nil:
 			r.remember(s, pod, terms, hold)
 			s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
-			s.info.Token = hold.Token()
+			s.info.Token, s.fresh = hold.Token(), true
 			r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
 				"Took %s again for pod %s, which was granted it and has not stopped, with fencing token %d", s.key, pod.Name, hold.Token())
 			return nil
@@ -149,13 +149,17 @@ func redactLoss(err error) string {
 
 // clientFor is the Client, and its lease terms, through which the key is
 // held for the pod: those of the lock that grants it to the pod, the first
-// by name of its namespace's locks that gates it, else selects it, else
-// marked it. A grant keeps its own lock's terms: another tenant's lock on a
-// shared key cannot shorten it.
+// by name of its namespace's locks that records lifting its gate, else
+// gates it, else selects it, else marked it. A grant keeps its own lock's
+// terms: another tenant's lock on a shared key cannot shorten it.
 func (r *DistributedLockReconciler) clientFor(s *scope, pod *corev1.Pod) (leaseTerms, *redislock.Client, error) {
 	terms := defaultTerms
 	locks := append(append(s.locksIn(pod.Namespace), s.deletingIn(pod.Namespace)...), s.revoked...)
 	for _, claims := range []func(*locksv1.DistributedLock) bool{
+		func(l *locksv1.DistributedLock) bool {
+			st := l.Status.Holder
+			return st != nil && st.GateLifted && st.PodUID == string(pod.UID)
+		},
 		func(l *locksv1.DistributedLock) bool { return hasGate(pod, locksv1.GateFor(l.Name)) },
 		func(l *locksv1.DistributedLock) bool { return selects(l, pod) },
 		func(l *locksv1.DistributedLock) bool { return markedBy(pod, l.Name) },

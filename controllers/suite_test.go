@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -389,10 +390,17 @@ func getPod(t testing.TB, pod *corev1.Pod) *corev1.Pod {
 	return got
 }
 
-// holderOf is the pod name in the lock's status, "" when free.
+// holderOf is the pod name in the lock's status, "" when free, once the
+// whole status shows it: a grant is recorded as the holder before its gate
+// is lifted, and the rest of the status (conditions, waiting order) is
+// written after.
 func holderOf(t testing.TB, lock *locksv1.DistributedLock) string {
-	if h := getLock(t, lock).Status.Holder; h != nil {
-		return h.PodName
+	st := getLock(t, lock).Status
+	if h := st.Holder; h != nil {
+		if c := meta.FindStatusCondition(st.Conditions, locksv1.ConditionHeld); c != nil && c.Message == "Held by pod "+h.PodName {
+			return h.PodName
+		}
+		return "(being written)"
 	}
 	return ""
 }

@@ -69,17 +69,15 @@ func (r *DistributedLockReconciler) addKnownHolders(ctx context.Context, s *scop
 }
 
 // podPastCache is the pod with the name and UID from the cache, or else
-// from the API server (watched is then false), or nil if it is gone: the
-// API server does not have it, or the cache already has a newer pod of
-// that name, which the API server admits only once the old one is gone.
+// from the API server (watched is then false), or nil if the API server
+// says it is gone. A cached pod of that name with another UID proves
+// nothing: the cache may lag, and the other may be the older one.
 func (r *DistributedLockReconciler) podPastCache(ctx context.Context, name types.NamespacedName, uid types.UID) (pod *corev1.Pod, watched bool, err error) {
 	pod = &corev1.Pod{}
 	switch err := r.Get(ctx, name, pod, client.UnsafeDisableDeepCopy); {
 	case err == nil && pod.UID == uid:
 		return pod, true, nil
-	case err == nil:
-		return nil, false, nil
-	case !apierrors.IsNotFound(err):
+	case err != nil && !apierrors.IsNotFound(err):
 		return nil, false, err
 	}
 	pod = &corev1.Pod{}

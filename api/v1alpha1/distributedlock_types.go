@@ -30,18 +30,13 @@ const (
 	// SinceAnnotationPrefix + <lock name> is when the pod was marked as the
 	// holder of that ownership, in RFC 3339.
 	SinceAnnotationPrefix = "since.lockwarden.dev/"
-	// UngatedAnnotationPrefix + <lock name> is the fencing token with which
-	// the controller lifted the lock's gate from the pod. Such a pod keeps
-	// its grant until it stops, even if the lock is deleted meanwhile: the
-	// lock's finalizer waits for it, since a lifted gate cannot be put back.
-	UngatedAnnotationPrefix = "ungated.lockwarden.dev/"
 	// Finalizer releases the lock in Redis before the resource goes away.
 	Finalizer = "locks.lockwarden.dev/release"
 )
 
 // MarkAnnotationPrefixes are the prefixes of the annotations a lock's marks
 // consist of, beside the holder label.
-var MarkAnnotationPrefixes = []string{OwnerAnnotationPrefix, TokenAnnotationPrefix, SinceAnnotationPrefix, UngatedAnnotationPrefix}
+var MarkAnnotationPrefixes = []string{OwnerAnnotationPrefix, TokenAnnotationPrefix, SinceAnnotationPrefix}
 
 // The opt-in of a pod, which the admission policy config/admission/gate.yaml
 // turns into the scheduling gates of the locks it names.
@@ -250,7 +245,10 @@ func (s PodSelector) LabelSelector() *metav1.LabelSelector {
 	return sel
 }
 
-// LockHolder is who holds the lock.
+// LockHolder is who holds the lock. For a grant by the controller it is the
+// record of the grant, written before any gate is lifted with it: only the
+// controller writes a lock's status, so this record, not the pod's marks
+// (which its tenant can write), is what the controller trusts.
 type LockHolder struct {
 	// PodName is the holder pod, when the owner ID maps to a pod.
 	// +optional
@@ -264,6 +262,11 @@ type LockHolder struct {
 	// GrantedByController is true when the controller holds the lock on
 	// the pod's behalf, false for an in-pod client's own hold.
 	GrantedByController bool `json:"grantedByController"`
+	// GateLifted is true once the controller lifted this lock's gate from
+	// the pod for this grant. The grant is then kept until the pod stops,
+	// even if the lock is deleted: the lock's finalizer waits for it.
+	// +optional
+	GateLifted bool `json:"gateLifted,omitempty"`
 	// Token is the fencing token of this ownership.
 	Token int64 `json:"token"`
 	// Since is when the controller first saw this ownership.
