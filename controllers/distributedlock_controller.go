@@ -1,13 +1,17 @@
 // Package controllers holds the DistributedLock controller.
 //
 // The reconciler is shaped like cluster-api's: each reconcile builds a scope
-// once (scope.go: the locks naming one Redis key, their candidate pods, the
-// holders as Redis and the pods show them, and the controller's grants), runs
-// named phases over it (holders.go: release and keep grants; grant.go: grant
-// the next candidate; marks.go: the pods' marks and gates), and computes the
-// status from the scope at the end (status.go). The unit of work is the key,
-// not the resource: every lock naming a key agrees on one holder and one
-// waiting order, so one reconcile settles them all.
+// once (scope.go: the locks naming one Redis key, live, refused or being
+// deleted, their candidate pods, the holders as Redis and the pods show
+// them, and the grant the locks' statuses record, grantee.go), runs named
+// phases over it (release.go: release stopped holders; sticky.go: keep
+// grants; grant.go: grant the next candidate; record.go: check and record
+// the grant; marks.go: the pods' marks and gates; deletion.go: let deleted
+// locks go; startup.go: watch the holder start), and computes the status
+// from the scope at the end (status.go, explain.go). The unit of work is
+// the key, not the resource: every lock naming a key agrees on one holder
+// and one waiting order, so one reconcile settles them all. Pods whose gate
+// no lock can lift are told so by the gate checker (gates.go).
 package controllers
 
 import (

@@ -28,9 +28,9 @@ type scope struct {
 	locks []*locksv1.DistributedLock
 	// revoked are the live locks naming the key from namespaces that may
 	// not use it (any more: the administrator un-shared it). They grant
-	// nothing and their pods are never written, but a grant one of them
-	// made while it could, as its status records it, is kept until its pod
-	// stops (recordedGrant).
+	// nothing, learn nothing of the key's grants, and their pods' marks
+	// are never set, but a grant one of them made while it could, as its
+	// status records it, is kept until its pod stops (recordedGrantee).
 	revoked []*locksv1.DistributedLock
 	// deleting are the locks naming the key that are being deleted and
 	// still carry the finalizer, whichever their namespace. They grant
