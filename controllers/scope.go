@@ -40,16 +40,15 @@ type scope struct {
 	before   map[types.NamespacedName]*locksv1.DistributedLock
 
 	// client reads and releases the key. Holds are taken through the
-	// Client of the lease terms of the lock that grants them (termsFor).
+	// Client of the lease terms of the lock that grants them (clientFor).
 	client *redislock.Client
 
 	// pods are the pods the key concerns: those its locks select, or whose
 	// gates or marks of them they carry (podsOf), those of the locks'
 	// namespaces behind an owner or waiter Redis shows, and the known
 	// holders the cache lacks (addKnownHolders). Pods of other namespaces
-	// are never shown, released or written, and the revoked locks' pods
-	// are never shown or written. They are the cache's own objects, never
-	// written to.
+	// are never shown, released or written. They are the cache's own
+	// objects, never written to.
 	pods       []*corev1.Pod
 	byUID      map[types.UID]*corev1.Pod
 	namespaces map[string]bool
