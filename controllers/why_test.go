@@ -2,10 +2,12 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lockwarden/lockwarden/internal/why"
 )
@@ -50,5 +52,29 @@ func TestWhyExplainsAWaitingPod(t *testing.T) {
 				t.Errorf("lockwarden why %s says\n%s\nwant it to say %q", pod, out, w)
 			}
 		}
+	}
+}
+
+// `lockwarden free` (issue 22: uninstalling) lifts lockwarden's gates, and
+// only those, from every pod of a namespace.
+func TestFreeLiftsOnlyLockwardensGates(t *testing.T) {
+	ns := newNamespace(t)
+	createPod(t, ns, "guarded", "job", gatedBy("singleton", "other"))
+	createPod(t, ns, "queued", "job", gatedBy("singleton"), func(p *corev1.Pod) {
+		p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: "kueue.x-k8s.io/admission"})
+	})
+	createPod(t, ns, "free", "job")
+	freed, err := why.Free(context.Background(), k8s, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(freed) != fmt.Sprintf("[%s/guarded %s/queued]", ns, ns) {
+		t.Fatalf("freed %v", freed)
+	}
+	if gates := getPod(t, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "guarded"}}).Spec.SchedulingGates; len(gates) != 0 {
+		t.Errorf("guarded keeps gates %v", gates)
+	}
+	if gates := getPod(t, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "queued"}}).Spec.SchedulingGates; len(gates) != 1 || gates[0].Name != "kueue.x-k8s.io/admission" {
+		t.Errorf("queued has gates %v, want Kueue's alone", gates)
 	}
 }
