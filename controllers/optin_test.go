@@ -92,6 +92,13 @@ func TestOneLabelGuardsAPod(t *testing.T) {
 	if got := gateNames(both); !slices.Equal(got, []string{gateFor("first"), gateFor("second")}) {
 		t.Fatalf("a pod naming first (label) and first, second (annotation) got gates %v", got)
 	}
+
+	// A gate written by hand gets the candidate label too, without which a
+	// manager watching only opted-in pods would never see the pod.
+	byHand := createPod(t, ns, "by-hand", "job", gatedBy("singleton"))
+	if byHand.Labels[locksv1.CandidateLabel] != "true" || !slices.Equal(gateNames(byHand), []string{gateFor("singleton")}) {
+		t.Fatalf("a pod gated by hand was admitted with labels %v and gates %v", byHand.Labels, gateNames(byHand))
+	}
 }
 
 // The manager may change only lockwarden's own marks (issue 22): the policy
