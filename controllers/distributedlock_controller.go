@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -195,6 +196,13 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 		return ctrl.Result{}, err
 	}
 	log.FromContext(ctx).Error(err, "Redis failed", "key", s.key)
+	for _, l := range append(slices.Clip(s.locks), s.deleting...) {
+		// One Warning Event as each lock turns unavailable, not one per retry.
+		if c := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady); c == nil || c.Reason != "RedisUnavailable" {
+			r.Recorder.Event(l, corev1.EventTypeWarning, "RedisUnavailable",
+				"Redis did not answer, or refused the lock's commands: nothing is granted or released until it does; the manager's log has the error")
+		}
+	}
 	for _, l := range s.locks {
 		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
 			"Redis did not answer, or refused the lock's commands; the manager's log has the error")
