@@ -28,6 +28,10 @@ type Config struct {
 	// Username and Password authenticate (ACL user, or just a password).
 	// They override any in URL.
 	Username, Password string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// themselves, when they require it (Sentinel's own requirepass or ACL
+	// user), which may differ from the master's.
+	SentinelUsername, SentinelPassword string
 	// TLS turns on TLS for Sentinel and Cluster addresses; rediss:// turns it
 	// on for URL.
 	TLS bool
@@ -74,6 +78,7 @@ func (c Config) Client() (redis.UniversalClient, error) {
 		}
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: c.SentinelMaster, SentinelAddrs: c.SentinelAddrs,
+			SentinelUsername: c.SentinelUsername, SentinelPassword: c.SentinelPassword,
 			Username: c.Username, Password: c.Password, TLSConfig: c.tlsIfWanted(tlsConfig),
 		}), nil
 	default:
