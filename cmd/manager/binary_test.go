@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	envStop()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

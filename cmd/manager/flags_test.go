@@ -33,6 +33,17 @@ func TestRedisFromEnv(t *testing.T) {
 		t.Fatalf("config = %+v", cfg)
 	}
 
+	// The Sentinels' own credentials, read the same way.
+	cfg = redisconn.Config{}
+	if err := redisFromEnv(&cfg, env(map[string]string{
+		"REDIS_PASSWORD": "master", "REDIS_SENTINEL_USERNAME": "sentinel-user", "REDIS_SENTINEL_PASSWORD_FILE": file,
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Password != "master" || cfg.SentinelUsername != "sentinel-user" || cfg.SentinelPassword != "from-file" {
+		t.Fatalf("config = %+v", cfg)
+	}
+
 	for _, tc := range []struct {
 		name string
 		env  map[string]string
@@ -40,6 +51,7 @@ func TestRedisFromEnv(t *testing.T) {
 	}{
 		{"both passwords", map[string]string{"REDIS_URL": "redis://r", "REDIS_PASSWORD": "x", "REDIS_PASSWORD_FILE": file}, "not both"},
 		{"missing file", map[string]string{"REDIS_URL": "redis://r", "REDIS_PASSWORD_FILE": file + ".absent"}, "REDIS_PASSWORD_FILE"},
+		{"both Sentinel passwords", map[string]string{"REDIS_SENTINEL_PASSWORD": "x", "REDIS_SENTINEL_PASSWORD_FILE": file}, "REDIS_SENTINEL_PASSWORD or REDIS_SENTINEL_PASSWORD_FILE, not both"},
 		{"wrong scheme", map[string]string{"REDIS_URL": "http://u:pw@r"}, "redis:// or rediss://"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,31 +5,40 @@
 // credentials come from the environment ($REDIS_URL, $REDIS_USERNAME, and
 // $REDIS_PASSWORD or $REDIS_PASSWORD_FILE), which a Secret supplies. They
 // are never flags, so no flag default or usage text can print them, and
-// they are never logged.
+// they are never logged. So are the Sentinels' own credentials, when they
+// require any ($REDIS_SENTINEL_USERNAME, and $REDIS_SENTINEL_PASSWORD or
+// $REDIS_SENTINEL_PASSWORD_FILE).
+//
+// Every line it writes is JSON, its libraries' included (see routeLogs).
+//
+// `manager --uninstall` does not run the controller: it deletes every
+// DistributedLock before lockwarden is removed (see uninstaller), as the
+// chart's pre-delete hook runs it.
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/redis/go-redis/v9"
 	// Mozilla's roots, for Redis TLS when the image has no CA bundle (make
 	// image builds on an empty base); unused where the system has roots.
 	_ "golang.org/x/crypto/x509roots/fallback"
@@ -57,6 +66,10 @@ const (
 	envRedisUsername     = "REDIS_USERNAME"
 	envRedisPassword     = "REDIS_PASSWORD"
 	envRedisPasswordFile = "REDIS_PASSWORD_FILE"
+
+	envSentinelUsername     = "REDIS_SENTINEL_USERNAME"
+	envSentinelPassword     = "REDIS_SENTINEL_PASSWORD"
+	envSentinelPasswordFile = "REDIS_SENTINEL_PASSWORD_FILE"
 )
 
 // options are the manager's flags.
@@ -83,6 +96,11 @@ type options struct {
 	redisCfg           redisconn.Config
 	sentinels, cluster string
 	keys               controllers.KeyPolicy
+
+	// --uninstall: delete every DistributedLock and exit.
+	uninstall        bool
+	uninstallTimeout time.Duration
+	uninstallLease   string
 }
 
 // bindFlags defines the manager's flags on fs, with their defaults.
@@ -113,6 +131,9 @@ func bindFlags(fs *flag.FlagSet) *options {
 	fs.StringVar(&o.cluster, "redis-cluster-addrs", "", "Comma-separated Redis Cluster node addresses, instead of $REDIS_URL.")
 	fs.BoolVar(&o.redisCfg.TLS, "redis-tls", false, "Use TLS with Sentinel or Cluster addresses (rediss:// implies it for a URL).")
 	fs.StringVar(&o.redisCfg.CAFile, "redis-ca-file", "", "PEM file of CAs to trust for Redis TLS, such as a mounted Secret's ca.crt.")
+	fs.BoolVar(&o.uninstall, "uninstall", false, "Do not run the controller: delete every DistributedLock, let the leading manager release them, and exit (the Helm chart's pre-delete hook). A lock still there after --uninstall-timeout, or at once when no manager leads, loses its finalizer; its hold in Redis then expires with its lease.")
+	fs.DurationVar(&o.uninstallTimeout, "uninstall-timeout", 2*time.Minute, "With --uninstall: how long the leading manager may take to release the locks.")
+	fs.StringVar(&o.uninstallLease, "uninstall-lease", "", "With --uninstall: NAMESPACE/NAME of the managers' leader-election Lease, which tells whether a manager leads; empty: $POD_NAMESPACE/"+leaderElectionID+", or if that is unset, wait for --uninstall-timeout.")
 	fs.Func("shared-key", "KEY=NAMESPACE[,NAMESPACE...]: let locks in those namespaces (* for all) use a key outside their own <namespace>/..., to share it across namespaces, with another cluster or with in-pod clients. Repeat for more keys.", o.keys.Share)
 	return o
 }
@@ -168,7 +189,9 @@ func (o *options) metricsServer() metricsserver.Options {
 
 func main() {
 	o := bindFlags(flag.CommandLine)
-	zapOpts := zap.Options{}
+	// JSON, one object a line, with ISO 8601 times; --zap-log-level=debug
+	// (or a number, for client-go's klog verbosity) says more.
+	zapOpts := zap.Options{TimeEncoder: zapcore.ISO8601TimeEncoder}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	if o.showVersion {
@@ -176,8 +199,12 @@ func main() {
 		return
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	routeLogs(ctrl.Log)
 	log := ctrl.Log.WithName("setup")
 	log.Info("lockwarden manager", "version", version)
+	if o.uninstall {
+		os.Exit(runUninstall(o, log))
+	}
 
 	if err := o.validate(); err != nil {
 		log.Error(err, "invalid flags")
@@ -207,13 +234,17 @@ func main() {
 	must(clientgoscheme.AddToScheme(scheme))
 	must(locksv1.AddToScheme(scheme))
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                        scheme,
-		Cache:                         controllers.CacheOptions(pods),
-		PprofBindAddress:              o.pprofAddr,
-		Metrics:                       o.metricsServer(),
-		HealthProbeBindAddress:        o.probeAddr,
-		LeaderElection:                o.leaderElect,
-		LeaderElectionID:              "lockwarden-manager.lockwarden.dev",
+		Scheme:                 scheme,
+		Cache:                  controllers.CacheOptions(pods),
+		PprofBindAddress:       o.pprofAddr,
+		Metrics:                o.metricsServer(),
+		HealthProbeBindAddress: o.probeAddr,
+		LeaderElection:         o.leaderElect,
+		LeaderElectionID:       leaderElectionID,
+		// In a pod, the Lease lives in the pod's namespace ($POD_NAMESPACE
+		// from the downward API, else the ServiceAccount's); a manager run
+		// outside the cluster names it with $POD_NAMESPACE.
+		LeaderElectionNamespace:       os.Getenv("POD_NAMESPACE"),
 		LeaderElectionReleaseOnCancel: true,
 		LeaseDuration:                 &o.lease,
 		RenewDeadline:                 &o.renew,
@@ -245,7 +276,11 @@ func main() {
 		os.Exit(1)
 	}
 	must(mgr.AddHealthzCheck("healthz", healthz.Ping))
-	must(mgr.AddReadyzCheck("redis", redisReachable(rdb)))
+	must(mgr.AddReadyzCheck("readyz", readiness))
+	watch, err := newRedisWatch(rdb, ctrl.Log.WithName("redis"), ctrlmetrics.Registry)
+	must(err)
+	must(mgr.Add(watch))
+	must(ctrlmetrics.Registry.Register(newStatusMetrics(mgr.GetCache(), mgr.Elected(), o.metricsLockNames, ctrl.Log.WithName("metrics"))))
 
 	log.Info("starting the manager")
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
@@ -279,36 +314,82 @@ func checkLeaderElection(lease, renew, retry time.Duration) error {
 // redisFromEnv completes cfg from the environment as redislock.FromEnv
 // does: the URL from REDIS_URL, the username from REDIS_USERNAME, and the
 // password from REDIS_PASSWORD or the file REDIS_PASSWORD_FILE names (a
-// mounted Secret key), not both. Errors never quote the URL.
+// mounted Secret key), not both; and the Sentinels' own credentials the
+// same way from REDIS_SENTINEL_USERNAME and REDIS_SENTINEL_PASSWORD or
+// REDIS_SENTINEL_PASSWORD_FILE. Errors never quote the URL.
 func redisFromEnv(cfg *redisconn.Config, getenv func(string) string) error {
 	cfg.URL = getenv(envRedisURL)
 	cfg.Username = getenv(envRedisUsername)
-	cfg.Password = getenv(envRedisPassword)
+	cfg.SentinelUsername = getenv(envSentinelUsername)
 	if cfg.URL != "" && !strings.HasPrefix(cfg.URL, "redis://") && !strings.HasPrefix(cfg.URL, "rediss://") {
 		return fmt.Errorf("%s must start with redis:// or rediss://", envRedisURL)
 	}
-	file := getenv(envRedisPasswordFile)
-	if file == "" {
-		return nil
+	var err error
+	if cfg.Password, err = secretFromEnv(getenv, envRedisPassword, envRedisPasswordFile); err != nil {
+		return err
 	}
-	if cfg.Password != "" {
-		return fmt.Errorf("set %s or %s, not both", envRedisPassword, envRedisPasswordFile)
-	}
-	password, err := redisconn.ReadPasswordFile(file)
-	if err != nil {
-		return fmt.Errorf("%s: %w", envRedisPasswordFile, err)
-	}
-	cfg.Password = password
-	return nil
+	cfg.SentinelPassword, err = secretFromEnv(getenv, envSentinelPassword, envSentinelPasswordFile)
+	return err
 }
 
-// redisReachable fails readiness while Redis does not answer a PING.
-func redisReachable(rdb redis.UniversalClient) healthz.Checker {
-	return func(req *http.Request) error {
-		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
-		defer cancel()
-		return rdb.Ping(ctx).Err()
+// secretFromEnv reads a secret from the variable direct, or from the file
+// the variable file names, not both.
+func secretFromEnv(getenv func(string) string, direct, file string) (string, error) {
+	value, path := getenv(direct), getenv(file)
+	if path == "" {
+		return value, nil
 	}
+	if value != "" {
+		return "", fmt.Errorf("set %s or %s, not both", direct, file)
+	}
+	secret, err := redisconn.ReadPasswordFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", file, err)
+	}
+	return secret, nil
+}
+
+// readiness is the manager's readiness: it answers once the process
+// serves. It does not follow Redis, deliberately. The manager serves no
+// traffic that readiness could steer (its metrics aside); what readiness
+// does decide is the PodDisruptionBudget's count of healthy replicas. Were
+// it to fail while Redis is down, every replica would be unready at once,
+// the budget would refuse every eviction, and a Redis outage would stall
+// the drain of every node that runs a manager, when restarting or moving
+// the managers would not bring Redis back. A Redis outage is shown where it
+// is acted on instead: the gauge lockwarden_redis_up (and the
+// LockwardenRedisDown alert), each lock's Ready condition and a Warning
+// Event on it, and the manager's log.
+var readiness healthz.Checker = healthz.Ping
+
+// runUninstall runs `manager --uninstall` and returns the exit code.
+func runUninstall(o *options, log logr.Logger) int {
+	lease := types.NamespacedName{}
+	switch ns := os.Getenv("POD_NAMESPACE"); {
+	case o.uninstallLease != "":
+		namespace, name, ok := strings.Cut(o.uninstallLease, "/")
+		if !ok || namespace == "" || name == "" {
+			log.Error(nil, "--uninstall-lease must be NAMESPACE/NAME", "value", o.uninstallLease)
+			return 2
+		}
+		lease = types.NamespacedName{Namespace: namespace, Name: name}
+	case ns != "":
+		lease = types.NamespacedName{Namespace: ns, Name: leaderElectionID}
+	}
+	scheme := runtime.NewScheme()
+	must(clientgoscheme.AddToScheme(scheme))
+	must(locksv1.AddToScheme(scheme))
+	c, err := client.New(ctrl.GetConfigOrDie(), client.Options{Scheme: scheme})
+	if err != nil {
+		log.Error(err, "cannot create a client")
+		return 1
+	}
+	u := &uninstaller{client: c, log: ctrl.Log.WithName("uninstall"), lease: lease, timeout: o.uninstallTimeout, poll: time.Second, now: time.Now}
+	if err := u.run(ctrl.SetupSignalHandler()); err != nil {
+		log.Error(err, "uninstall failed")
+		return 1
+	}
+	return 0
 }
 
 func must(err error) {
