@@ -138,6 +138,16 @@ func bindFlags(fs *flag.FlagSet) *options {
 	return o
 }
 
+// allFlags defines every flag the manager takes, its own and its logger's:
+// JSON, one object a line, with ISO 8601 times; --zap-log-level=debug (or a
+// number, for client-go's klog verbosity) says more.
+func allFlags(fs *flag.FlagSet) (*options, *zap.Options) {
+	o := bindFlags(fs)
+	zapOpts := &zap.Options{TimeEncoder: zapcore.ISO8601TimeEncoder}
+	zapOpts.BindFlags(fs)
+	return o, zapOpts
+}
+
 // validate refuses flag values the manager cannot run with, naming the
 // flag, before it touches Redis or the API server.
 func (o *options) validate() error {
@@ -188,17 +198,13 @@ func (o *options) metricsServer() metricsserver.Options {
 }
 
 func main() {
-	o := bindFlags(flag.CommandLine)
-	// JSON, one object a line, with ISO 8601 times; --zap-log-level=debug
-	// (or a number, for client-go's klog verbosity) says more.
-	zapOpts := zap.Options{TimeEncoder: zapcore.ISO8601TimeEncoder}
-	zapOpts.BindFlags(flag.CommandLine)
+	o, zapOpts := allFlags(flag.CommandLine)
 	flag.Parse()
 	if o.showVersion {
 		fmt.Println(version)
 		return
 	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(zapOpts)))
 	routeLogs(ctrl.Log)
 	log := ctrl.Log.WithName("setup")
 	log.Info("lockwarden manager", "version", version)
