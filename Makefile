@@ -26,6 +26,9 @@ CONTAINER_TOOL ?= docker
 # Your kubectl and kubeconfig: install, deploy and their reverses act on the
 # cluster of its current context.
 KUBECTL ?= kubectl
+# The image's source and revision labels.
+SOURCE_URL ?= https://github.com/lockwarden/lockwarden
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
 IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
 IMAGE_BIN ?= $(LOCALBIN)/linux-$(IMAGE_ARCH)/manager
 IMAGE_OCI ?= dist/image
@@ -119,11 +122,11 @@ manager: ## Build only the static manager binary into MANAGER_BIN (default bin/m
 image: ## Build the manager image IMG with no docker daemon and no network (no base image): an OCI layout in IMAGE_OCI (dist/image) and a tarball for `docker load` in IMAGE_TAR (dist/image.tar).
 	GOOS=linux GOARCH=$(IMAGE_ARCH) $(MAKE) --no-print-directory manager MANAGER_BIN=$(IMAGE_BIN) VERSION=$(VERSION)
 	mkdir -p $(dir $(IMAGE_OCI)) $(dir $(IMAGE_TAR))
-	cd hack/tools/image && $(GO) run . -binary $(abspath $(IMAGE_BIN)) -version $(VERSION) -tag $(IMG) -oci $(abspath $(IMAGE_OCI)) -tar $(abspath $(IMAGE_TAR))
+	cd hack/tools/image && $(GO) run . -binary $(abspath $(IMAGE_BIN)) -version $(VERSION) -source $(SOURCE_URL) -revision $(REVISION) -tag $(IMG) -oci $(abspath $(IMAGE_OCI)) -tar $(abspath $(IMAGE_TAR))
 
 .PHONY: docker-build
 docker-build: ## Build the manager image IMG from the Dockerfile with docker (or CONTAINER_TOOL=podman).
-	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) -t $(IMG) .
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMG) .
 
 .PHONY: docker-push
 docker-push: ## Push the manager image IMG with docker (or CONTAINER_TOOL=podman).
@@ -163,6 +166,67 @@ build-installer: manifests generate kustomize ## Write what deploy installs, wit
 	mkdir -p $(dir $(INSTALLER))
 	$(kustomize-deploy) >$(INSTALLER).tmp
 	mv $(INSTALLER).tmp $(INSTALLER)
+
+##@ Release
+
+# One version, every artifact: `make release VERSION=v0.2.0` writes
+# RELEASE_DIR (dist/release/v0.2.0/):
+#   manager-linux-{amd64,arm64}           the stripped static binaries, stamped with VERSION
+#   manager-linux-{amd64,arm64}.cdx.json  their SBOMs, CycloneDX, from the Go modules built in
+#   image/, manager-image.oci.tar         the multi-arch OCI image index (and the layout as a tar),
+#                                         labelled with VERSION, SOURCE_URL and REVISION
+#   image-digest                          the index's digest
+#   install.yaml                          config/default with the image by tag and digest
+#   lockwarden-X.Y.Z.tgz                  the chart, appVersion VERSION, the image's digest pinned
+#   release-notes.md                      CHANGELOG.md's section for VERSION
+#   SHA256SUMS                            of all the files above
+# Every timestamp is the commit's (SOURCE_DATE_EPOCH), so the same commit,
+# Go and VERSION give the same bytes: test/release builds it twice and
+# compares. Push with e.g. `crane push RELEASE_DIR/image IMAGE_REPO:VERSION`.
+RELEASE_DIR ?= dist/release/$(VERSION)
+RELEASE_ARCHS ?= amd64 arm64
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+CYCLONEDX_GOMOD ?= $(LOCALBIN)/cyclonedx-gomod
+CYCLONEDX_GOMOD_VERSION ?= v1.10.0
+# A release is of a commit: RELEASE_ALLOW_DIRTY=1 builds one from a work
+# tree with changes (its revision label then ends in -dirty).
+RELEASE_ALLOW_DIRTY ?=
+
+.PHONY: release
+release: manifests kustomize helm cyclonedx-gomod ## Build every artifact of release VERSION (vX.Y.Z) into RELEASE_DIR: binaries, SBOMs, the multi-arch image, install.yaml, the chart, checksums.
+	@[[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$ ]] || { echo "make release: VERSION=$(VERSION) is not vMAJOR.MINOR.PATCH[-PRERELEASE]" >&2; exit 1; }
+	@[[ -n "$(RELEASE_ALLOW_DIRTY)" ]] || git diff --quiet HEAD || { echo "make release: the work tree has changes; commit them, or set RELEASE_ALLOW_DIRTY=1" >&2; exit 1; }
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	@# The binaries, and each one's SBOM from the modules it was built from
+	@# (offline: no license or version is looked up on the network).
+	set -e; for arch in $(RELEASE_ARCHS); do \
+	  GOOS=linux GOARCH=$$arch $(MAKE) --no-print-directory manager MANAGER_BIN=$(abspath $(RELEASE_DIR))/manager-linux-$$arch VERSION=$(VERSION); \
+	  GOOS=linux GOARCH=$$arch GOPROXY=off $(CYCLONEDX_GOMOD) bin -json -noserial -notimestamp -std -licenses -version $(VERSION) \
+	    -output $(RELEASE_DIR)/manager-linux-$$arch.cdx.json $(RELEASE_DIR)/manager-linux-$$arch 2>/dev/null; \
+	done
+	cd hack/tools/image && $(GO) run . $(foreach a,$(RELEASE_ARCHS),-binary $(abspath $(RELEASE_DIR))/manager-linux-$(a)) \
+	  -version $(VERSION) -source $(SOURCE_URL) -revision $(REVISION) -created $(SOURCE_DATE_EPOCH) -tag $(IMAGE_REPO):$(VERSION) \
+	  -oci $(abspath $(RELEASE_DIR))/image -oci-archive $(abspath $(RELEASE_DIR))/manager-image.oci.tar -digest-file $(abspath $(RELEASE_DIR))/image-digest
+	$(MAKE) --no-print-directory build-installer IMG=$(IMAGE_REPO):$(VERSION)@$$(cat $(RELEASE_DIR)/image-digest) INSTALLER=$(RELEASE_DIR)/install.yaml
+	@# The chart, from a copy: version X.Y.Z, appVersion VERSION, the digest
+	@# pinned, its README regenerated for those values.
+	set -e; tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; cp -R dist/chart "$$tmp/lockwarden"; \
+	  sed -i -e 's/^version: .*/version: $(VERSION:v%=%)/' -e 's/^appVersion: .*/appVersion: "$(VERSION)"/' "$$tmp/lockwarden/Chart.yaml"; \
+	  sed -i -e 's/^    digest: ""$$/    digest: "'"$$(cat $(RELEASE_DIR)/image-digest)"'"/' "$$tmp/lockwarden/values.yaml"; \
+	  grep -q '^    digest: "sha256:' "$$tmp/lockwarden/values.yaml"; \
+	  (cd hack/tools/release && $(GO) run ./chartdoc -chart "$$tmp/lockwarden"); \
+	  $(HELM) lint --strict --kube-version 1.36.0 "$$tmp/lockwarden" >/dev/null; \
+	  $(HELM) package "$$tmp/lockwarden" -d $(abspath $(RELEASE_DIR)) >/dev/null
+	cd hack/tools/release && $(GO) run ./normtgz -mtime $(SOURCE_DATE_EPOCH) $(abspath $(RELEASE_DIR))/lockwarden-$(VERSION:v%=%).tgz
+	awk -v v="$(VERSION)" '/^## /{p=($$2==v || $$2=="["v"]")} p' CHANGELOG.md >$(RELEASE_DIR)/release-notes.md
+	@[[ -s $(RELEASE_DIR)/release-notes.md ]] || awk '/^## /{p=($$2=="Unreleased")} p' CHANGELOG.md >$(RELEASE_DIR)/release-notes.md
+	cd $(RELEASE_DIR) && sha256sum $$(find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort) >SHA256SUMS
+	@echo "release $(VERSION) in $(RELEASE_DIR): image $(IMAGE_REPO):$(VERSION)@$$(cat $(RELEASE_DIR)/image-digest)"
+
+.PHONY: cyclonedx-gomod
+cyclonedx-gomod: $(CYCLONEDX_GOMOD) ## Build cyclonedx-gomod (the SBOM generator) into bin/.
+$(CYCLONEDX_GOMOD): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) $(GO) install -trimpath github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION)
 
 ##@ Dependencies
 

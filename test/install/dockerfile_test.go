@@ -59,7 +59,7 @@ func TestDockerfileMatchesImage(t *testing.T) {
 			build = line
 		}
 	}
-	for _, want := range []string{"CGO_ENABLED=0", `-ldflags "-X main.version=${VERSION}"`, "-o manager ./cmd/manager"} {
+	for _, want := range []string{"CGO_ENABLED=0", `-ldflags "-s -w -X main.version=${VERSION}"`, "-o manager ./cmd/manager"} {
 		if !strings.Contains(build, want) {
 			t.Errorf("the build %q lacks %s", build, want)
 		}
@@ -125,7 +125,8 @@ func TestDockerfileMatchesImage(t *testing.T) {
 			t.Errorf("the Dockerfile lacks the label %s that make image sets", key)
 		}
 	}
-	if labels["org.opencontainers.image.version"] != "${VERSION}" || len(labels) != len(cfg.Labels) {
+	if labels["org.opencontainers.image.version"] != "${VERSION}" || labels["org.opencontainers.image.revision"] != "${REVISION}" ||
+		labels["org.opencontainers.image.source"] != cfg.Labels["org.opencontainers.image.source"] || len(labels) != len(cfg.Labels) {
 		t.Errorf("Dockerfile labels %v, make image's %v", labels, cfg.Labels)
 	}
 }

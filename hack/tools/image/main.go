@@ -5,9 +5,17 @@
 // /tmp) and configured as the Dockerfile configures it. It writes an OCI
 // image layout and a tarball that `docker load` reads.
 //
-// Every file and the config carry the Unix epoch as their time, so the
-// image's digest depends only on the binary and the version (the tag is
-// not part of the image): the same commit and VERSION give the same digest.
+// Given a binary per architecture (-binary repeated; each one's
+// architecture is read from its ELF header), it builds one image per
+// architecture and writes their multi-arch OCI image index instead (no
+// docker tarball, which holds one platform), and optionally the layout as
+// one tar file (-oci-archive, for `skopeo copy oci-archive:...`).
+//
+// Every file and the config carry one time, -created (by default the Unix
+// epoch; `make release` passes the commit's time), so the image's digest
+// depends only on the binaries, the version, the labels and that time (the
+// tag is not part of the image): the same commit and VERSION give the same
+// digest.
 package main
 
 import (
@@ -17,7 +25,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -57,44 +69,68 @@ var goarch = map[elf.Machine]string{
 	elf.EM_S390:    "s390x",
 }
 
+// labels are the image's labels, the Dockerfile's too.
+type labels struct{ version, source, revision string }
+
 func main() {
-	var binary, version, tag, ociDir, tarFile string
-	flag.StringVar(&binary, "binary", "", "the static linux manager binary to put at /manager")
+	var binaries []string
+	var version, tag, ociDir, tarFile, archive, digestFile string
+	var lb labels
+	var created int64
+	flag.Func("binary", "a static linux manager binary to put at /manager; repeat it, one per architecture, for a multi-arch index", func(s string) error {
+		binaries = append(binaries, s)
+		return nil
+	})
 	flag.StringVar(&version, "version", "", "the manager's version, for the org.opencontainers.image.version label")
+	flag.StringVar(&lb.source, "source", "", "the source repository's URL, for the org.opencontainers.image.source label")
+	flag.StringVar(&lb.revision, "revision", "", "the source's commit, for the org.opencontainers.image.revision label")
+	flag.Int64Var(&created, "created", 0, "the time of every file and of the image, in seconds since the Unix epoch (SOURCE_DATE_EPOCH)")
 	flag.StringVar(&tag, "tag", "", "the image reference, e.g. registry.example/lockwarden/manager:v1.0.0")
 	flag.StringVar(&ociDir, "oci", "", "directory to write the OCI image layout to (replaced)")
-	flag.StringVar(&tarFile, "tar", "", "file to write the docker-load tarball to (replaced)")
+	flag.StringVar(&tarFile, "tar", "", "file to write the docker-load tarball to (replaced; one binary only)")
+	flag.StringVar(&archive, "oci-archive", "", "file to write the OCI image layout to as a tar archive (replaced)")
+	flag.StringVar(&digestFile, "digest-file", "", "file to write the image's (or the index's) digest to")
 	flag.Parse()
-	if binary == "" || version == "" || tag == "" || ociDir == "" || tarFile == "" {
-		fmt.Fprintln(os.Stderr, "image: -binary, -version, -tag, -oci and -tar are required")
+	lb.version = version
+	if len(binaries) == 0 || version == "" || tag == "" || ociDir == "" || (tarFile == "" && len(binaries) == 1) {
+		fmt.Fprintln(os.Stderr, "image: -binary, -version, -tag, -oci and, for one binary, -tar are required")
 		os.Exit(2)
 	}
-	if err := run(binary, version, tag, ociDir, tarFile); err != nil {
+	if tarFile != "" && len(binaries) > 1 {
+		fmt.Fprintln(os.Stderr, "image: -tar holds one platform; drop it with several binaries")
+		os.Exit(2)
+	}
+	epoch = time.Unix(created, 0).UTC()
+	if err := run(binaries, lb, tag, ociDir, tarFile, archive, digestFile); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(binary, version, tag, ociDir, tarFile string) error {
+func run(binaries []string, lb labels, tag, ociDir, tarFile, archive, digestFile string) error {
 	ref, err := name.NewTag(tag)
 	if err != nil {
 		return err
 	}
-	arch, err := staticLinuxArch(binary)
-	if err != nil {
-		return err
-	}
-	manager, err := os.ReadFile(binary)
-	if err != nil {
-		return err
-	}
-	img, err := build(manager, version, arch)
-	if err != nil {
-		return err
-	}
-	digest, err := img.Digest()
-	if err != nil {
-		return err
+	var images []v1.Image
+	var archs []string
+	for _, binary := range binaries {
+		arch, err := staticLinuxArch(binary)
+		if err != nil {
+			return err
+		}
+		if slices.Contains(archs, arch) {
+			return fmt.Errorf("two binaries for linux/%s", arch)
+		}
+		manager, err := os.ReadFile(binary)
+		if err != nil {
+			return err
+		}
+		img, err := build(manager, lb, arch)
+		if err != nil {
+			return err
+		}
+		images, archs = append(images, img), append(archs, arch)
 	}
 
 	if err := os.RemoveAll(ociDir); err != nil {
@@ -106,17 +142,96 @@ func run(binary, version, tag, ociDir, tarFile string) error {
 	}
 	// ref.name is the tag, as skopeo's oci:DIR:TAG and podman expect;
 	// containerd's import reads the full name from its own annotation.
-	if err := oci.AppendImage(img, layout.WithAnnotations(map[string]string{
+	annotations := layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": ref.TagStr(),
 		"io.containerd.image.name":          ref.Name(),
-	})); err != nil {
-		return err
+	})
+	var digest v1.Hash
+	if len(images) == 1 {
+		if digest, err = images[0].Digest(); err != nil {
+			return err
+		}
+		if err := oci.AppendImage(images[0], annotations); err != nil {
+			return err
+		}
+	} else {
+		idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+		for i, img := range images {
+			idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
+				Add:        img,
+				Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: archs[i]}},
+			})
+		}
+		if digest, err = idx.Digest(); err != nil {
+			return err
+		}
+		if err := oci.AppendIndex(idx, annotations); err != nil {
+			return err
+		}
 	}
-	if err := tarball.WriteToFile(tarFile, ref, img); err != nil {
-		return err
+	if tarFile != "" {
+		if err := tarball.WriteToFile(tarFile, ref, images[0]); err != nil {
+			return err
+		}
 	}
-	fmt.Printf("image %s (%s, linux/%s): OCI layout %s, tarball %s\n", ref.Name(), digest, arch, ociDir, tarFile)
+	if archive != "" {
+		if err := tarDir(ociDir, archive); err != nil {
+			return err
+		}
+	}
+	if digestFile != "" {
+		if err := os.WriteFile(digestFile, []byte(digest.String()+"\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("image %s (%s, linux/%v): OCI layout %s\n", ref.Name(), digest, archs, ociDir)
 	return nil
+}
+
+// tarDir writes dir's files to a tar archive, in name order, each with the
+// image's time, owned by root, so the same layout gives the same archive.
+func tarDir(dir, file string) error {
+	var paths []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && path != dir {
+			paths = append(paths, path)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	sort.Strings(paths)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, path := range paths {
+		info, err := os.Lstat(path)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return err
+		}
+		hdr := &tar.Header{Name: filepath.ToSlash(rel), Mode: 0o644, ModTime: epoch, Typeflag: tar.TypeReg}
+		var data []byte
+		if info.IsDir() {
+			hdr.Name, hdr.Mode, hdr.Typeflag = hdr.Name+"/", 0o755, tar.TypeDir
+		} else if data, err = os.ReadFile(path); err != nil {
+			return err
+		}
+		hdr.Size = int64(len(data))
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := tw.Write(data); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return os.WriteFile(file, buf.Bytes(), 0o644)
 }
 
 // staticLinuxArch refuses a binary that would not run on an empty base
@@ -147,7 +262,7 @@ func staticLinuxArch(path string) (string, error) {
 
 // build makes the image: one layer on an empty base, configured as the
 // Dockerfile's final stage.
-func build(manager []byte, version, arch string) (v1.Image, error) {
+func build(manager []byte, lb labels, arch string) (v1.Image, error) {
 	files, err := rootfs(manager)
 	if err != nil {
 		return nil, err
@@ -179,12 +294,18 @@ func build(manager []byte, version, arch string) (v1.Image, error) {
 	cfg.Config.WorkingDir = "/"
 	cfg.Config.Labels = map[string]string{
 		"org.opencontainers.image.title":   "lockwarden-manager",
-		"org.opencontainers.image.version": version,
+		"org.opencontainers.image.version": lb.version,
+	}
+	if lb.source != "" {
+		cfg.Config.Labels["org.opencontainers.image.source"] = lb.source
+	}
+	if lb.revision != "" {
+		cfg.Config.Labels["org.opencontainers.image.revision"] = lb.revision
 	}
 	return mutate.ConfigFile(img, cfg)
 }
 
-// epoch is every timestamp in the image.
+// epoch is every timestamp in the image: -created.
 var epoch = time.Unix(0, 0).UTC()
 
 // rootfs returns the layer's tar: the directories, /etc/passwd and
