@@ -2,22 +2,20 @@ package install
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -153,75 +151,58 @@ func TestInstallerRunsImage(t *testing.T) {
 func runAsDeployed(t *testing.T, deploy *appsv1.Deployment) {
 	ctx := t.Context()
 	ns, spec := deploy.Namespace, deploy.Spec.Template.Spec
-	container := managerContainer(t, deploy)
 
 	// The Secret the README has users create, for this plane's Redis.
-	if err := k8s.Create(ctx, &corev1.Secret{
+	createRedisSecret(t, ns)
+	m := startManager(t, deploy)
+
+	// It grants a lock to a pod: Redis, the API server and its RBAC all work.
+	appNS, pod := createCandidate(t, "image-run-")
+	lock := createLeaderLock(t, appNS, "leader")
+	waitGranted(t, lock, pod)
+	// Its finalizer releases the grant, so the lock goes.
+	if err := k8s.Delete(ctx, lock); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the lock deleted", func() (bool, error) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(lock), lock)
+		return apierrors.IsNotFound(err), err
+	})
+
+	// SIGTERM, as the kubelet stops a pod: the manager stops within the
+	// pod's grace period, releasing the Lease for a standby.
+	if code := m.stop(t, time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second); code != 0 {
+		t.Errorf("the manager exited %d on SIGTERM", code)
+	}
+	lease := &coordinationv1.Lease{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "lockwarden-manager.lockwarden.dev"}, lease); err != nil || (lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "") {
+		t.Errorf("the Lease is still held after the manager stopped: %v %v", lease.Spec.HolderIdentity, err)
+	}
+}
+
+// createRedisSecret creates the Secret the README has users create, for
+// this plane's Redis.
+func createRedisSecret(t *testing.T, ns string) {
+	t.Helper()
+	if err := k8s.Create(t.Context(), &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lockwarden-redis"},
 		StringData: map[string]string{"url": "redis://" + redisSrv.Addr + "/0", "password": ""},
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	// What the kubelet would give the container: its service account's
-	// token and the cluster CA where client-go's in-cluster configuration
-	// looks, its volumes and its environment.
-	token, err := clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, spec.ServiceAccountName, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{
-		"/var/run/secrets/kubernetes.io/serviceaccount/token":     []byte(token.Status.Token),
-		"/var/run/secrets/kubernetes.io/serviceaccount/ca.crt":    pl.Config.CAData,
-		"/var/run/secrets/kubernetes.io/serviceaccount/namespace": []byte(ns),
-	}
-	for _, m := range container.VolumeMounts {
-		for name, data := range volumeFiles(t, ns, spec.Volumes, m.Name) {
-			files[filepath.Join(m.MountPath, name)] = data
-		}
-	}
-	for name, data := range files {
-		target := filepath.Join(img.rootfs, name)
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(target, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.Remove(target) })
-	}
-	apiserver, err := url.Parse(pl.Config.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := append(containerEnv(t, ns, container),
-		"KUBERNETES_SERVICE_HOST="+apiserver.Hostname(), "KUBERNETES_SERVICE_PORT="+apiserver.Port())
-
+// startManager runs the image's manager as a pod of deploy and waits until
+// it is ready, alive by the Deployment's own probes, and leads.
+func startManager(t *testing.T, deploy *appsv1.Deployment) *podProcess {
+	t.Helper()
 	// The Deployment's ports are the pod's own; here the manager shares the
 	// host's network with other tests, so it listens on free loopback ports
 	// (the last of a repeated flag wins).
 	probes, metrics := freeAddr(t), freeAddr(t)
-	args := append(slices.Clone(container.Args), "--health-probe-bind-address="+probes, "--metrics-bind-address="+metrics)
-	cmd := img.command(t, env, container.Command, args)
-	var log syncBuffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the image's manager: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("manager log:\n%s", log.String())
-		}
-	}()
-
-	// Ready and alive by the Deployment's own probes, and leading.
+	m := startContainer(t, deploy.Namespace, deploy.Spec.Template.Spec, "manager",
+		"--health-probe-bind-address="+probes, "--metrics-bind-address="+metrics)
+	container := managerContainer(t, deploy)
 	for _, probe := range []*corev1.Probe{container.ReadinessProbe, container.LivenessProbe} {
 		u := "http://" + probes + probe.HTTPGet.Path
 		eventually(t, 30*time.Second, "GET "+u, func() (bool, error) {
@@ -235,65 +216,55 @@ func runAsDeployed(t *testing.T, deploy *appsv1.Deployment) {
 	}
 	lease := &coordinationv1.Lease{}
 	eventually(t, 30*time.Second, "the manager to take the leader-election Lease", func() (bool, error) {
-		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "lockwarden-manager.lockwarden.dev"}, lease)
+		err := k8s.Get(t.Context(), client.ObjectKey{Namespace: deploy.Namespace, Name: "lockwarden-manager.lockwarden.dev"}, lease)
 		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "", fmt.Errorf("lease %+v: %w", lease.Spec, err)
 	})
+	return m
+}
 
-	// It grants a lock to a pod: Redis, the API server and its RBAC all work.
-	appNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "image-run-"}}
+// createCandidate creates a namespace of the given prefix with a running
+// pod labelled app: candidate.
+func createCandidate(t *testing.T, prefix string) (string, *corev1.Pod) {
+	t.Helper()
+	ctx := t.Context()
+	appNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix}}
 	if err := k8s.Create(ctx, appNS); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), appNS) })
 	if err := plane.WaitForServiceAccount(ctx, clientset, appNS.Name); err != nil {
 		t.Fatal(err)
 	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: appNS.Name, Name: "app", Labels: map[string]string{"app": "image-run"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: appNS.Name, Name: "app", Labels: map[string]string{"app": "candidate"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}},
 	}
 	if err := k8s.Create(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
+	return appNS.Name, pod
+}
+
+// createLeaderLock creates a lock selecting the namespace's candidates.
+func createLeaderLock(t *testing.T, ns, name string) *locksv1.DistributedLock {
+	t.Helper()
 	lock := &locksv1.DistributedLock{
-		ObjectMeta: metav1.ObjectMeta{Namespace: appNS.Name, Name: "leader"},
-		Spec:       locksv1.DistributedLockSpec{Candidates: &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "image-run"}}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       locksv1.DistributedLockSpec{Candidates: &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "candidate"}}},
 	}
-	if err := k8s.Create(ctx, lock); err != nil {
+	if err := k8s.Create(t.Context(), lock); err != nil {
 		t.Fatal(err)
 	}
+	return lock
+}
+
+// waitGranted waits until the lock is granted to the pod.
+func waitGranted(t *testing.T, lock *locksv1.DistributedLock, pod *corev1.Pod) {
+	t.Helper()
 	eventually(t, 30*time.Second, "the lock granted to the pod", func() (bool, error) {
-		err := k8s.Get(ctx, client.ObjectKeyFromObject(lock), lock)
+		err := k8s.Get(t.Context(), client.ObjectKeyFromObject(lock), lock)
 		return err == nil && lock.Status.Holder != nil && lock.Status.Holder.PodName == pod.Name, err
 	})
-	// Its finalizer releases the grant, so the lock goes.
-	if err := k8s.Delete(ctx, lock); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "the lock deleted", func() (bool, error) {
-		err := k8s.Get(ctx, client.ObjectKeyFromObject(lock), lock)
-		return apierrors.IsNotFound(err), err
-	})
-
-	// SIGTERM, as the kubelet stops a pod: the manager stops within the
-	// pod's grace period, releasing the Lease for a standby.
-	stopped = true
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	grace := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
-	select {
-	case <-exited:
-	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("the manager did not stop within the pod's %v grace period", grace)
-	}
-	if code := cmd.ProcessState.ExitCode(); code != 0 {
-		t.Errorf("the manager exited %d on SIGTERM", code)
-	}
-	if err := k8s.Get(ctx, client.ObjectKeyFromObject(lease), lease); err != nil || (lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "") {
-		t.Errorf("the Lease is still held after the manager stopped: %v %v", lease.Spec.HolderIdentity, err)
-	}
 }
 
 // containerEnv resolves the container's environment as the kubelet does, for

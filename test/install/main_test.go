@@ -41,6 +41,7 @@ var (
 	k8s       client.Client
 	redisSrv  *redistest.Server
 	img       *image // unpacked from make image's OCI layout
+	scratch   string // removed when the tests end
 	imageTar  string // make image's docker-load tarball
 )
 
@@ -58,6 +59,7 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	defer os.RemoveAll(dir)
+	scratch = dir
 
 	// The image builds while the plane starts.
 	ociDir := filepath.Join(dir, "oci")

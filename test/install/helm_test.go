@@ -1,0 +1,423 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// The release, namespace and image the README's commands name.
+const (
+	releaseNS   = "lockwarden-system"
+	releaseName = "lockwarden"
+	chartImage  = "registry.example/lockwarden/manager"
+)
+
+// Install with Helm, upgrade, and uninstall with crd.keep=false: the
+// pre-delete hook deletes every lock while the manager runs, the manager
+// releases them in Redis, and the CRD goes instead of staying Terminating.
+func TestHelmInstallUpgradeUninstall(t *testing.T) {
+	ctx := t.Context()
+	cleanSlate(t)
+	deploy := helmInstall(t, "--set", "crd.keep=false")
+	m := startManager(t, deploy)
+	appNS, pod := createCandidate(t, "helm-app-")
+	lock := createLeaderLock(t, appNS, "leader")
+	waitGranted(t, lock, pod)
+	owner := lock.Status.Holder.OwnerID
+
+	// An upgrade changes the Deployment and keeps the lock and its grant.
+	helmCmd(t, "upgrade", releaseName, filepath.Join(root, "dist", "chart"), "-n", releaseNS, "--reuse-values",
+		"--set", "manager.logLevel=debug", "--set", "manager.maxConcurrentReconciles=2", "--wait", "--timeout", "2m")
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(deploy), deploy); err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(managerContainer(t, deploy).Args, " ")
+	if !strings.Contains(args, "--zap-log-level=debug") || !strings.Contains(args, "--max-concurrent-reconciles=2") {
+		t.Errorf("helm upgrade did not reach the Deployment: %s", args)
+	}
+	waitGranted(t, lock, pod)
+	if lock.Status.Holder.OwnerID != owner {
+		t.Errorf("the upgrade changed the grant: %s, was %s", lock.Status.Holder.OwnerID, owner)
+	}
+
+	hook := helmUninstallServingHook(t)
+	if code := hook.wait(t, 10*time.Second); code != 0 {
+		t.Fatalf("the uninstall hook exited %d", code)
+	}
+	if log := hook.log.String(); !strings.Contains(log, "every DistributedLock is gone") || strings.Contains(log, "removed the finalizer") {
+		t.Errorf("the hook did not leave the locks to the manager:\n%s", log)
+	}
+	m.stop(t, 40*time.Second)
+	checkUninstalled(t)
+	if n := redisSrv.Client(t).Exists(ctx, appNS+"/leader").Val(); n != 0 {
+		t.Errorf("the lock's key is still held in Redis: the manager did not release it")
+	}
+}
+
+// Uninstalling with the manager already gone (killed, its Lease not
+// released): the hook waits out the Lease, removes the finalizers itself,
+// and the CRD goes.
+func TestHelmUninstallWithTheManagerGone(t *testing.T) {
+	cleanSlate(t)
+	deploy := helmInstall(t, "--set", "crd.keep=false")
+	m := startManager(t, deploy)
+	appNS, pod := createCandidate(t, "helm-gone-")
+	lock := createLeaderLock(t, appNS, "leader")
+	waitGranted(t, lock, pod)
+	m.kill()
+
+	hook := helmUninstallServingHook(t)
+	if code := hook.wait(t, 10*time.Second); code != 0 {
+		t.Fatalf("the uninstall hook exited %d", code)
+	}
+	if log := hook.log.String(); !strings.Contains(log, "removed the finalizer") || !strings.Contains(log, appNS) {
+		t.Errorf("the hook did not say which lock it let go:\n%s", log)
+	}
+	checkUninstalled(t)
+}
+
+// A kustomize install taken over by Helm with the README's commands, then
+// uninstalled as the README says, locks first while the manager runs.
+func TestKustomizeInstallMovedToHelmAndUninstalled(t *testing.T) {
+	ctx := t.Context()
+	cleanSlate(t)
+	mustMake(t, "deploy", "IMG="+testImage)
+	deploy := &appsv1.Deployment{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: "lockwarden-controller-manager"}, deploy); err != nil {
+		t.Fatal(err)
+	}
+	createRedisSecret(t, releaseNS)
+	m := startManager(t, deploy)
+	appNS, pod := createCandidate(t, "moved-")
+	lock := createLeaderLock(t, appNS, "leader")
+	waitGranted(t, lock, pod)
+
+	runReadme(t, "adopt-into-helm")
+	out := helmCmd(t, "list", "-n", releaseNS, "-q")
+	if strings.TrimSpace(out) != releaseName {
+		t.Fatalf("helm list: %q", out)
+	}
+	var cms corev1.ConfigMapList
+	if err := k8s.List(ctx, &cms, client.InNamespace(releaseNS)); err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range cms.Items {
+		if cm.Labels["helm.sh/chart"] == "" && cm.Name != "kube-root-ca.crt" {
+			t.Errorf("kustomize's ConfigMap %s is left", cm.Name)
+		}
+	}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(deploy), deploy); err != nil || deploy.Labels["app.kubernetes.io/managed-by"] != "Helm" {
+		t.Errorf("the Deployment is not Helm's: %v %v", deploy.Labels, err)
+	}
+	waitGranted(t, lock, pod)
+
+	stopKwokPods(t)
+	runReadme(t, "uninstall-locks")
+	if n := redisSrv.Client(t).Exists(ctx, appNS+"/leader").Val(); n != 0 {
+		t.Errorf("the lock's key is still held in Redis: the manager did not release it")
+	}
+	m.stop(t, 40*time.Second)
+	runReadme(t, "uninstall-helm")
+	checkUninstalled(t)
+}
+
+// A kustomize install uninstalled as the README says, the manager gone
+// first: the README's finalizer removal, then kustomize's delete.
+func TestKustomizeUninstallWithTheManagerGone(t *testing.T) {
+	ctx := t.Context()
+	cleanSlate(t)
+	mustMake(t, "deploy", "IMG="+testImage)
+	deploy := &appsv1.Deployment{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: "lockwarden-controller-manager"}, deploy); err != nil {
+		t.Fatal(err)
+	}
+	createRedisSecret(t, releaseNS)
+	m := startManager(t, deploy)
+	appNS, pod := createCandidate(t, "gone-")
+	lock := createLeaderLock(t, appNS, "leader")
+	waitGranted(t, lock, pod)
+	m.kill()
+
+	// Step 1 waits for ever with no manager: the README's kubectl wait
+	// gives up; the finalizers are then removed as it says.
+	if out, err := readmeCommand(t, "uninstall-locks", 15*time.Second); err == nil {
+		t.Fatalf("deleting the locks with no manager succeeded; the README says it waits:\n%s", out)
+	}
+	runReadme(t, "uninstall-manager-gone")
+	eventually(t, 30*time.Second, "the lock gone", func() (bool, error) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(lock), &locksv1.DistributedLock{})
+		return apierrors.IsNotFound(err), err
+	})
+	stopKwokPods(t)
+	runReadme(t, "uninstall-kustomize")
+	checkUninstalled(t)
+}
+
+// helmInstall creates the namespace and the Redis Secret and installs the
+// chart as the README says, with the test's image, and returns the
+// manager's Deployment once it is available.
+func helmInstall(t *testing.T, values ...string) *appsv1.Deployment {
+	t.Helper()
+	ctx := t.Context()
+	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNS}}); err != nil {
+		t.Fatal(err)
+	}
+	createRedisSecret(t, releaseNS)
+	out := helmCmd(t, append([]string{"install", releaseName, filepath.Join(root, "dist", "chart"), "-n", releaseNS,
+		"--set", "manager.image.repository=" + chartImage, "--set", "manager.image.tag=" + testVersion,
+		// kwok completes a Job's pod after this delay: the test runs the
+		// hook's container itself, then lets kwok complete it.
+		"--set-string", `uninstall.podAnnotations.pod-complete\.stage\.kwok\.x-k8s\.io/delay=10m`,
+		"--wait", "--timeout", "2m"}, values...)...)
+	if !strings.Contains(out, "create secret generic lockwarden-redis") {
+		t.Errorf("helm install printed no NOTES:\n%s", out)
+	}
+	deploy := &appsv1.Deployment{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: "lockwarden-controller-manager"}, deploy); err != nil {
+		t.Fatal(err)
+	}
+	if image := managerContainer(t, deploy).Image; image != chartImage+":"+testVersion {
+		t.Errorf("the chart's manager image is %s", image)
+	}
+	if deploy.Status.AvailableReplicas != *deploy.Spec.Replicas {
+		t.Errorf("helm install --wait returned with %d of %d replicas available", deploy.Status.AvailableReplicas, *deploy.Spec.Replicas)
+	}
+	waitEstablished(t)
+	return deploy
+}
+
+// helmUninstallServingHook runs helm uninstall and, while helm waits for
+// the pre-delete hook's Job, runs the Job's container from the image as
+// the kubelet would, then lets kwok complete its pod. It returns the
+// hook's process once helm has finished.
+func helmUninstallServingHook(t *testing.T) *podProcess {
+	t.Helper()
+	ctx := t.Context()
+	stopKwokPods(t)
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := helmOutput(context.Background(), "uninstall", releaseName, "-n", releaseNS, "--wait", "--timeout", "4m")
+		done <- result{out, err}
+	}()
+	var hookPod corev1.Pod
+	eventually(t, 60*time.Second, "the uninstall hook's pod", func() (bool, error) {
+		var pods corev1.PodList
+		err := k8s.List(ctx, &pods, client.InNamespace(releaseNS), client.MatchingLabels{"app.kubernetes.io/component": "uninstall"})
+		if err != nil || len(pods.Items) == 0 {
+			return false, err
+		}
+		hookPod = pods.Items[0]
+		return true, nil
+	})
+	hook := startContainer(t, releaseNS, hookPod.Spec, "uninstall")
+	select {
+	case <-hook.exited:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the hook did not finish:\n%s", hook.log.String())
+	}
+	// Done: kwok completes the pod, the Job succeeds, helm goes on.
+	patch := []byte(`{"metadata":{"annotations":{"pod-complete.stage.kwok.x-k8s.io/delay":"0s"}}}`)
+	if err := k8s.Patch(ctx, &hookPod, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatalf("helm uninstall: %v\n%s\nhook:\n%s", r.err, r.out, hook.log.String())
+		}
+	case <-time.After(4 * time.Minute):
+		t.Fatal("helm uninstall did not return")
+	}
+	return hook
+}
+
+// checkUninstalled checks nothing of lockwarden is left: no release, no
+// CRD (so no lock), no cluster-wide object, no namespace.
+func checkUninstalled(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	eventually(t, 60*time.Second, "the CRD gone", func() (bool, error) {
+		err := k8s.Get(ctx, client.ObjectKey{Name: crdName}, &apiextensionsv1.CustomResourceDefinition{})
+		return apierrors.IsNotFound(err), err
+	})
+	if out := helmCmd(t, "list", "-A", "-q"); strings.TrimSpace(out) != "" {
+		t.Errorf("helm releases left: %s", out)
+	}
+	out := kubectl(t, "get", "clusterroles,clusterrolebindings,validatingadmissionpolicies,mutatingadmissionpolicies", "-o", "name")
+	if left := regexp.MustCompile(`(?m)^.*lockwarden.*$`).FindAllString(out, -1); len(left) > 0 {
+		t.Errorf("cluster-wide objects left: %v", left)
+	}
+}
+
+// cleanSlate makes sure no earlier install is left, and that the
+// namespace is gone when the test ends, so the next can create it.
+func cleanSlate(t *testing.T) {
+	t.Helper()
+	if err := k8s.Get(t.Context(), client.ObjectKey{Name: crdName}, &apiextensionsv1.CustomResourceDefinition{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("an earlier test left lockwarden installed (%v)", err)
+	}
+	t.Cleanup(func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNS}}
+		_ = k8s.Delete(context.Background(), ns)
+		deadline := time.Now().Add(2 * time.Minute)
+		for time.Now().Before(deadline) {
+			if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(ns), ns); apierrors.IsNotFound(err) {
+				return
+			}
+			stopKwokPods(t)
+			time.Sleep(200 * time.Millisecond)
+		}
+		t.Errorf("namespace %s not gone", releaseNS)
+	})
+}
+
+// stopKwokPods removes the manager's pods at once: kwok keeps a deleted pod
+// for its whole grace period (the Deployment's 40s), as a kubelet whose
+// container ignores SIGTERM would, which deletions would wait for. The
+// manager that matters runs as the test's process.
+func stopKwokPods(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	var deploys appsv1.DeploymentList
+	if err := k8s.List(ctx, &deploys, client.InNamespace(releaseNS)); err == nil {
+		for i := range deploys.Items {
+			_ = k8s.Patch(ctx, &deploys.Items[i], client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":0}}`)))
+		}
+	}
+	// Until the ReplicaSets have stopped making new ones.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(releaseNS), client.MatchingLabels{"app.kubernetes.io/component": "manager"}); err != nil || len(pods.Items) == 0 {
+			return
+		}
+		for i := range pods.Items {
+			_ = k8s.Delete(ctx, &pods.Items[i], client.GracePeriodSeconds(0))
+		}
+	}
+}
+
+// runReadme runs the README's command block of that name, failing the test
+// if it fails.
+func runReadme(t *testing.T, name string) string {
+	t.Helper()
+	out, err := readmeCommand(t, name, 4*time.Minute)
+	if err != nil {
+		t.Fatalf("the README's %s: %v\n%s", name, err, out)
+	}
+	return out
+}
+
+// readmeCommand runs the README's shell block marked
+// "<!-- test/install: NAME -->", as written, with bash in the repository,
+// with the plane's kubectl, bin/helm and lockwarden on the PATH.
+func readmeCommand(t *testing.T, name string, timeout time.Duration) (string, error) {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- test/install: " + regexp.QuoteMeta(name) + " -->\n```sh\n(.*?)```").FindSubmatch(readme)
+	if m == nil {
+		t.Fatalf("the README has no command block %s", name)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", string(m[1]))
+	cmd.Dir = root
+	cmd.Env = toolEnv(t)
+	// At the timeout, the whole block: kubectl wait too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// toolEnv is the environment the README's commands run in: the plane's
+// kubectl and kubeconfig, bin/helm with a configuration of its own, and
+// the lockwarden command.
+func toolEnv(t *testing.T) []string {
+	t.Helper()
+	bin := toolsDir(t)
+	home := t.TempDir()
+	return []string{"PATH=" + bin + ":/usr/local/bin:/usr/bin:/bin", "KUBECONFIG=" + pl.Kubeconfig, "HOME=" + home,
+		"HELM_CACHE_HOME=" + home, "HELM_CONFIG_HOME=" + home, "HELM_DATA_HOME=" + home}
+}
+
+// tools is the directory toolsDir fills, in the test's scratch directory.
+var tools string
+
+// toolsDir is a directory holding kubectl, helm and lockwarden.
+func toolsDir(t *testing.T) string {
+	t.Helper()
+	if tools != "" {
+		return tools
+	}
+	dir := filepath.Join(scratch, "tools")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, target := range map[string]string{"kubectl": filepath.Join(pl.AssetsDir, "kubectl"), "helm": filepath.Join(root, "bin", "helm")} {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, "lockwarden"), "./cmd/lockwarden")
+	build.Dir = root
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building lockwarden: %v\n%s", err, out)
+	}
+	tools = dir
+	return dir
+}
+
+// helmCmd runs bin/helm against the plane, failing the test if it fails.
+func helmCmd(t *testing.T, args ...string) string {
+	t.Helper()
+	toolsDir(t)
+	out, err := helmOutput(t.Context(), args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func helmOutput(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(tools, "helm"), args...)
+	home, err := os.MkdirTemp("", "helm-home-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(home)
+	cmd.Env = []string{"KUBECONFIG=" + pl.Kubeconfig, "HOME=" + home, "HELM_CACHE_HOME=" + home, "HELM_CONFIG_HOME=" + home, "HELM_DATA_HOME=" + home}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	if err != nil {
+		err = fmt.Errorf("%w: %s", err, out.String())
+	}
+	return out.String(), err
+}
