@@ -787,3 +787,17 @@ func decodeFile(t *testing.T, path string) *unstructured.Unstructured {
 	}
 	return &unstructured.Unstructured{Object: obj}
 }
+
+// The alerts and the dashboard are valid PromQL to Prometheus's own parser,
+// and each alert's annotations name only labels its expression keeps
+// (hack/tools/promql).
+func TestAlertsAndDashboardParse(t *testing.T) {
+	cmd := exec.Command("go", "run", ".",
+		"-rules", mustAbs(t, filepath.Join("..", "..", "config", "alerts", "prometheusrule.yaml")),
+		"-dashboard", mustAbs(t, filepath.Join("..", "..", "config", "grafana", "lockwarden.json")))
+	cmd.Dir = filepath.Join("..", "..", "hack", "tools", "promql")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
