@@ -4,14 +4,11 @@ import (
 	"bufio"
 	"encoding/json"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
@@ -22,7 +19,7 @@ import (
 func TestEveryLogLineIsJSON(t *testing.T) {
 	cfg, c := apiServer(t)
 	ns := newNamespace(t, c, "logging-")
-	cmd := exec.Command(managerBin, "--kubeconfig="+adminKubeconfig(t, cfg),
+	cmd := exec.Command(managerBin, "--kubeconfig="+writeKubeconfig(t, cfg, &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}),
 		"--leader-elect", "--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=1s",
 		"--metrics-bind-address="+freeAddr(t), "--health-probe-bind-address="+freeAddr(t),
 		"--redis-sentinel-addrs="+freeAddr(t), "--redis-sentinel-master=absent")
@@ -78,20 +75,4 @@ func TestEveryLogLineIsJSON(t *testing.T) {
 			t.Fatalf("a log line while stopping is not JSON: %q", line)
 		}
 	}
-}
-
-// adminKubeconfig writes a kubeconfig with the configuration's client
-// certificate.
-func adminKubeconfig(t *testing.T, cfg *rest.Config) string {
-	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
-	kc.Contexts["admin"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
-	kc.CurrentContext = "admin"
-	file := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, file); err != nil {
-		t.Fatal(err)
-	}
-	return file
 }

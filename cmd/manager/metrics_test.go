@@ -75,7 +75,7 @@ func TestMetricsEndpoint(t *testing.T) {
 
 	// The manager, as its ServiceAccount, with the Deployment's metrics
 	// flags and otherwise the defaults: HTTPS, authenticated, authorized.
-	kubeconfig := writeKubeconfig(t, cfg, serviceAccountToken(t, clientset, "lockwarden-system", "lockwarden-controller-manager"))
+	kubeconfig := writeKubeconfig(t, cfg, &clientcmdapi.AuthInfo{Token: serviceAccountToken(t, clientset, "lockwarden-system", "lockwarden-controller-manager")})
 	srv := redistest.Start(t)
 	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
 	startManager(t, []string{"REDIS_URL=redis://" + srv.Addr + "/0"},
@@ -214,7 +214,7 @@ func checkMonitoringMetrics(t *testing.T, root, scrape string) {
 		}
 		for name := range names {
 			family := regexp.MustCompile(`_(bucket|sum|count)$`).ReplaceAllString(name, "")
-			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `[{ ]`).MatchString(scrape) && !strings.Contains(sources.String(), `"`+family+`"`) {
+			if !regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(name)+`[{ ]`).MatchString(scrape) && !strings.Contains(sources.String(), `"`+family+`"`) {
 				t.Errorf("%s reads %s, which the manager does not serve", file, name)
 			}
 		}
@@ -234,14 +234,14 @@ func serviceAccountToken(t *testing.T, cs kubernetes.Interface, ns, name string)
 }
 
 // writeKubeconfig writes a kubeconfig for the API server of cfg that
-// authenticates with token.
-func writeKubeconfig(t *testing.T, cfg *rest.Config, token string) string {
+// authenticates as user (a token, or a client certificate).
+func writeKubeconfig(t *testing.T, cfg *rest.Config, user *clientcmdapi.AuthInfo) string {
 	t.Helper()
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{Token: token}
-	kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "sa"}
-	kc.CurrentContext = "sa"
+	kc.AuthInfos["user"] = user
+	kc.Contexts["user"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "user"}
+	kc.CurrentContext = "user"
 	file := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := clientcmd.WriteToFile(*kc, file); err != nil {
 		t.Fatal(err)

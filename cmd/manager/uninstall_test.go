@@ -162,4 +162,3 @@ func newNamespace(t *testing.T, c client.Client, prefix string) string {
 	}
 	return ns.Name
 }
-

@@ -38,10 +38,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	ctx := t.Context()
 	cleanSlate(t)
 	deploy := helmInstall(t, "--set", "crd.keep=false")
-	m := startManager(t, deploy)
-	appNS, pod := createCandidate(t, "helm-app-")
-	lock := createLeaderLock(t, appNS, "leader")
-	waitGranted(t, lock, pod)
+	m, appNS, pod, lock := grantedLock(t, deploy, "helm-app-")
 	owner := lock.Status.Holder.OwnerID
 
 	// An upgrade changes the Deployment and keeps the lock and its grant.
@@ -78,11 +75,7 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 // and the CRD goes.
 func TestHelmUninstallWithTheManagerGone(t *testing.T) {
 	cleanSlate(t)
-	deploy := helmInstall(t, "--set", "crd.keep=false")
-	m := startManager(t, deploy)
-	appNS, pod := createCandidate(t, "helm-gone-")
-	lock := createLeaderLock(t, appNS, "leader")
-	waitGranted(t, lock, pod)
+	m, appNS, _, _ := grantedLock(t, helmInstall(t, "--set", "crd.keep=false"), "helm-gone-")
 	m.kill()
 
 	hook := helmUninstallServingHook(t)
@@ -100,16 +93,8 @@ func TestHelmUninstallWithTheManagerGone(t *testing.T) {
 func TestKustomizeInstallMovedToHelmAndUninstalled(t *testing.T) {
 	ctx := t.Context()
 	cleanSlate(t)
-	mustMake(t, "deploy", "IMG="+testImage)
-	deploy := &appsv1.Deployment{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: "lockwarden-controller-manager"}, deploy); err != nil {
-		t.Fatal(err)
-	}
-	createRedisSecret(t, releaseNS)
-	m := startManager(t, deploy)
-	appNS, pod := createCandidate(t, "moved-")
-	lock := createLeaderLock(t, appNS, "leader")
-	waitGranted(t, lock, pod)
+	deploy := kustomizeInstall(t)
+	m, appNS, pod, lock := grantedLock(t, deploy, "moved-")
 
 	runReadme(t, "adopt-into-helm")
 	out := helmCmd(t, "list", "-n", releaseNS, "-q")
@@ -145,16 +130,7 @@ func TestKustomizeInstallMovedToHelmAndUninstalled(t *testing.T) {
 func TestKustomizeUninstallWithTheManagerGone(t *testing.T) {
 	ctx := t.Context()
 	cleanSlate(t)
-	mustMake(t, "deploy", "IMG="+testImage)
-	deploy := &appsv1.Deployment{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: releaseNS, Name: "lockwarden-controller-manager"}, deploy); err != nil {
-		t.Fatal(err)
-	}
-	createRedisSecret(t, releaseNS)
-	m := startManager(t, deploy)
-	appNS, pod := createCandidate(t, "gone-")
-	lock := createLeaderLock(t, appNS, "leader")
-	waitGranted(t, lock, pod)
+	m, _, _, lock := grantedLock(t, kustomizeInstall(t), "gone-")
 	m.kill()
 
 	// Step 1 waits for ever with no manager: the README's kubectl wait
@@ -170,6 +146,30 @@ func TestKustomizeUninstallWithTheManagerGone(t *testing.T) {
 	stopKwokPods(t)
 	runReadme(t, "uninstall-kustomize")
 	checkUninstalled(t)
+}
+
+// grantedLock runs the image's manager as deploy's pod, and has it grant a
+// lock to a candidate pod in a namespace of its own.
+func grantedLock(t *testing.T, deploy *appsv1.Deployment, prefix string) (*podProcess, string, *corev1.Pod, *locksv1.DistributedLock) {
+	t.Helper()
+	m := startManager(t, deploy)
+	appNS, pod := createCandidate(t, prefix)
+	lock := createLeaderLock(t, appNS, "leader")
+	waitGranted(t, lock, pod)
+	return m, appNS, pod, lock
+}
+
+// kustomizeInstall deploys config/default with make deploy, as the README
+// says, and creates the Redis Secret.
+func kustomizeInstall(t *testing.T) *appsv1.Deployment {
+	t.Helper()
+	mustMake(t, "deploy", "IMG="+testImage)
+	deploy := &appsv1.Deployment{}
+	if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: releaseNS, Name: "lockwarden-controller-manager"}, deploy); err != nil {
+		t.Fatal(err)
+	}
+	createRedisSecret(t, releaseNS)
+	return deploy
 }
 
 // helmInstall creates the namespace and the Redis Secret and installs the

@@ -157,4 +157,3 @@ func (img *image) copy(t *testing.T) *image {
 	}
 	return &c
 }
-

@@ -234,7 +234,7 @@ func checkImage(t *testing.T, dir string) string {
 		if len(manifest.Layers) != 1 {
 			t.Fatalf("%s image: %d layers", arch, len(manifest.Layers))
 		}
-		manager := layerFile(t, blobPath(layout, manifest.Layers[0].Digest), "manager")
+		manager := tgzFiles(t, blobPath(layout, manifest.Layers[0].Digest))["manager"]
 		if want := fileDigest(t, filepath.Join(dir, "manager-linux-"+arch)); sha(manager) != want {
 			t.Errorf("the %s image's /manager is not manager-linux-%s", arch, arch)
 		}
@@ -293,8 +293,9 @@ func blobJSON(t *testing.T, path string, v any) {
 	}
 }
 
-// layerFile returns a file of a gzipped layer.
-func layerFile(t *testing.T, path, name string) []byte {
+// tgzFiles returns the regular files of a gzipped tar (an image layer, a
+// chart package) by name.
+func tgzFiles(t *testing.T, path string) map[string][]byte {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -305,19 +306,24 @@ func layerFile(t *testing.T, path, name string) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
+	files := map[string][]byte{}
 	tr := tar.NewReader(zr)
 	for {
 		hdr, err := tr.Next()
+		if err == io.EOF {
+			return files
+		}
 		if err != nil {
-			t.Fatalf("no %s in %s: %v", name, path, err)
+			t.Fatalf("%s: %v", path, err)
 		}
-		if strings.TrimPrefix(hdr.Name, "./") == name {
-			data, err := io.ReadAll(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return data
+		if hdr.Typeflag != tar.TypeReg {
+			continue
 		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[strings.TrimPrefix(hdr.Name, "./")] = data
 	}
 }
 
@@ -397,33 +403,8 @@ func checkInstaller(t *testing.T, dir, digest string) {
 func checkChart(t *testing.T, dir, digest string) {
 	t.Helper()
 	pkg := filepath.Join(dir, "lockwarden-0.0.0-repro.tgz")
-	f, err := os.Open(pkg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(zr)
-	var chart, values string
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := io.ReadAll(tr)
-		switch hdr.Name {
-		case "lockwarden/Chart.yaml":
-			chart = string(data)
-		case "lockwarden/values.yaml":
-			values = string(data)
-		}
-	}
+	files := tgzFiles(t, pkg)
+	chart, values := string(files["lockwarden/Chart.yaml"]), string(files["lockwarden/values.yaml"])
 	if !strings.Contains(chart, "version: 0.0.0-repro") || !strings.Contains(chart, "appVersion: "+version) {
 		t.Errorf("the packaged Chart.yaml:\n%s", chart)
 	}

@@ -1,12 +1,9 @@
 // Command promql checks lockwarden's alerts and dashboard with Prometheus's
-// own PromQL parser, as Prometheus would load them:
-//
-//   - every expression parses (the dashboard's Grafana variables replaced by
-//     values Grafana would give them);
-//   - every alert's `for` is a Prometheus duration;
-//   - every annotation is a valid template, and names only labels its
-//     alert's expression keeps: an alert on `sum by (namespace) (...)` has
-//     no $labels.pod.
+// own PromQL parser, as Prometheus would load them: every expression parses
+// (the dashboard's Grafana variables replaced by values Grafana would give
+// them), every alert's `for` is a Prometheus duration, and every annotation
+// is a valid template naming only labels its alert's expression keeps (an
+// alert on `sum by (namespace) (...)` has no $labels.pod). Usage:
 //
 //	promql -rules config/alerts/prometheusrule.yaml -dashboard config/grafana/lockwarden.json
 package main
