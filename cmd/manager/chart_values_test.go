@@ -801,3 +801,14 @@ func TestAlertsAndDashboardParse(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 }
+
+// The overlays for clusters before Kubernetes 1.36 hold what the chart
+// renders there: without the gating policy, or with it in v1beta1.
+func TestConfigOlderClustersMatchChart(t *testing.T) {
+	for overlay, version := range map[string]string{"without-gating-policy": "none", "gating-v1beta1": "v1beta1"} {
+		t.Run(overlay, func(t *testing.T) {
+			compareChartWithKustomize(t, renderChart(t, "--set", "admission.mutatingPolicyVersion="+version),
+				kustomizeBuild(t, filepath.Join("..", "..", "config", overlay)))
+		})
+	}
+}

@@ -266,9 +266,17 @@ func checkUninstalled(t *testing.T) {
 	if out := helmCmd(t, "list", "-A", "-q"); strings.TrimSpace(out) != "" {
 		t.Errorf("helm releases left: %s", out)
 	}
-	out := kubectl(t, "get", "clusterroles,clusterrolebindings,validatingadmissionpolicies,mutatingadmissionpolicies", "-o", "name")
-	if left := regexp.MustCompile(`(?m)^.*lockwarden.*$`).FindAllString(out, -1); len(left) > 0 {
-		t.Errorf("cluster-wide objects left: %v", left)
+	for _, kind := range []string{"clusterroles", "clusterrolebindings", "validatingadmissionpolicies", "mutatingadmissionpolicies"} {
+		out, err := exec.Command(filepath.Join(pl.AssetsDir, "kubectl"), "--kubeconfig", pl.Kubeconfig, "get", kind, "-o", "name").CombinedOutput()
+		if err != nil && strings.Contains(string(out), "doesn't have a resource type") {
+			continue // a Kubernetes before 1.34 has no MutatingAdmissionPolicy
+		}
+		if err != nil {
+			t.Fatalf("kubectl get %s: %v\n%s", kind, err, out)
+		}
+		if left := regexp.MustCompile(`(?m)^.*lockwarden.*$`).FindAllString(string(out), -1); len(left) > 0 {
+			t.Errorf("cluster-wide objects left: %v", left)
+		}
 	}
 }
 
@@ -343,9 +351,15 @@ func readmeCommand(t *testing.T, name string, timeout time.Duration) (string, er
 	if m == nil {
 		t.Fatalf("the README has no command block %s", name)
 	}
+	script := string(m[1])
+	// On a cluster before 1.36, the README says to use another overlay
+	// wherever it says config/default; DEPLOY_CONFIG names it, as for make.
+	if overlay := os.Getenv("DEPLOY_CONFIG"); overlay != "" {
+		script = strings.ReplaceAll(script, "config/default", overlay)
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", string(m[1]))
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = root
 	cmd.Env = toolEnv(t)
 	// At the timeout, the whole block: kubectl wait too.
@@ -420,4 +434,18 @@ func helmOutput(ctx context.Context, args ...string) (string, error) {
 		err = fmt.Errorf("%w: %s", err, out.String())
 	}
 	return out.String(), err
+}
+
+// TestPlaneVersion says which Kubernetes the install tests ran on, and, when
+// LOCKWARDEN_EXPECT_KUBERNETES names a minor version (make
+// test-k8s-oldest), that it is that one.
+func TestPlaneVersion(t *testing.T) {
+	v, err := clientset.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the install tests ran on Kubernetes %s", v.GitVersion)
+	if want := os.Getenv("LOCKWARDEN_EXPECT_KUBERNETES"); want != "" && !strings.HasPrefix(v.GitVersion, "v"+want+".") {
+		t.Errorf("the plane runs Kubernetes %s, want %s", v.GitVersion, want)
+	}
 }
