@@ -75,3 +75,7 @@ func neverSent(err error) bool {
 	var opErr *net.OpError
 	return errors.As(err, &opErr) && opErr.Op == "dial"
 }
+
+// ErrLeaseMismatch is returned by a Lock that would re-enter an ownership
+// held under other lease terms.
+var ErrLeaseMismatch = errors.New("redislock: the ownership is held under other lease terms")
