@@ -46,7 +46,7 @@ func scriptCall(id string, arg func(int) string) (kind, owner string) {
 	for _, set := range []*scriptSet{classicScripts, shardedScripts} {
 		switch id {
 		case set.acquire.Hash():
-			return "acquire", arg(1)
+			return "acquire", arg(0)
 		case set.release.Hash():
 			return "release", arg(0)
 		case set.leave.Hash():
@@ -57,8 +57,11 @@ func scriptCall(id string, arg func(int) string) (kind, owner string) {
 			return "inspect", ""
 		}
 	}
-	if id == renewScript.Hash() {
-		return "renew", arg(1)
+	switch id {
+	case renewScript.Hash():
+		return "renew", arg(0)
+	case ttlScript.Hash():
+		return "ttl", arg(0)
 	}
 	return "", ""
 }

@@ -14,9 +14,10 @@ import (
 
 // A mixed fleet shares a lock fairly: 4 lockwarden clients and 4 clients
 // running Redisson's own scripts contend for one lock, and each side gets at
-// least 30% of the acquisitions. Hand-overs alone would starve the Redisson
-// clients, who only take a lock they find free. Both sides also exclude each
-// other throughout: the critical section counts overlaps.
+// least 40% of the acquisitions (the issue 21 target for the Redisson side).
+// Hand-overs alone would starve the Redisson clients, who only take a lock
+// they find free. Both sides also exclude each other throughout: the
+// critical section counts overlaps.
 func TestMixedFleetIsFair(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(testContext(t))
@@ -84,8 +85,8 @@ func TestMixedFleetIsFair(t *testing.T) {
 		t.Fatalf("%d acquisitions overlapped another", n)
 	}
 	for side, n := range map[string]int64{"lockwarden": ours.Load(), "Redisson": theirs.Load()} {
-		if n*10 < total*3 {
-			t.Errorf("%s clients got %d of %d acquisitions, under 30%%", side, n, total)
+		if n*10 < total*4 {
+			t.Errorf("%s clients got %d of %d acquisitions, under 40%%", side, n, total)
 		}
 	}
 }

@@ -133,11 +133,11 @@ func testStaleHandOver(t *testing.T, b backend) {
 
 // testHandOverToDeadWaiter: a waiter whose process died without leaving the
 // queue (a crash) still gets the lock handed over, but only for the short
-// grant; the waiter behind it gets the lock after that.
+// grant, its own QueueTTL; the waiter behind it gets the lock after that.
 func testHandOverToDeadWaiter(t *testing.T, b backend) {
 	ctx := testContext(t)
-	const grant = 500 * time.Millisecond
-	holderClient := newClient(t, b.newRedis(t), redislock.Options{QueueTTL: grant, RetryFallback: grant / 2})
+	const grant = 2 * time.Second
+	holderClient := newClient(t, b.newRedis(t), redislock.Options{})
 	name := lockName(t)
 	held := mustLock(t, ctx, newMutex(t, holderClient, name, nil))
 
@@ -149,7 +149,7 @@ func testHandOverToDeadWaiter(t *testing.T, b backend) {
 	crash, evals := &crasher{}, &evalCounter{}
 	deadRedis.AddHook(crash)
 	deadRedis.AddHook(evals)
-	deadClient, err := redislock.New(deadRedis, redislock.Options{QueueTTL: time.Minute})
+	deadClient, err := redislock.New(deadRedis, redislock.Options{QueueTTL: grant})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,8 +225,9 @@ func testSameOwnerWaiting(t *testing.T, b backend) {
 	name := lockName(t)
 	held := mustLock(t, ctx, newMutex(t, c, name, nil))
 
-	m := newMutex(t, c, name, nil)
-	ownerCtx := redislock.WithOwner(ctx, c.NewOwner())
+	owner := c.NewOwner()
+	m := newMutex(t, c, name, &redislock.MutexOptions{Owner: owner})
+	ownerCtx := ctx
 	var wg sync.WaitGroup
 	holds := make([]*redislock.Hold, 2)
 	for i := range holds {
@@ -250,7 +251,6 @@ func testSameOwnerWaiting(t *testing.T, b backend) {
 	if holds[0].Token() == 0 || holds[0].Token() != holds[1].Token() {
 		t.Fatalf("the two calls got tokens %d and %d, want one token", holds[0].Token(), holds[1].Token())
 	}
-	owner, _ := redislock.OwnerFromContext(ownerCtx)
 	if info := inspect(t, c, name); len(info.Holders) != 1 || info.Holders[0].Owner != owner || info.Holders[0].Count != 2 {
 		t.Fatalf("the lock is %+v, want held twice by %s", info, owner)
 	}
@@ -291,14 +291,14 @@ func wantStillHolding(t *testing.T, c *redislock.Client, l *redislock.Hold, minT
 	}
 }
 
-// evalCounter is a go-redis hook that counts EVALSHA and EVAL calls.
+// evalCounter is a go-redis hook that counts the lock scripts' calls.
 type evalCounter struct{ n atomic.Int64 }
 
 func (e *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (e *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if kind, _ := redislock.ScriptCall(cmd.Args()); kind != "" {
 			e.n.Add(1)
 		}
 		return next(ctx, cmd)

@@ -8,6 +8,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -456,7 +457,7 @@ func TestCase9AnEvictedLatchDoesNotCountAReentryTwice(t *testing.T) {
 	m := newMutex(t, c, lockName(t), nil)
 	outer := mustLock(t, ctx, m)
 	reentrant.Store(string(outer.Owner()))
-	inner := mustLock(t, redislock.WithOwner(ctx, outer.Owner()), m)
+	inner := mustLock(t, redislock.WithHold(ctx, outer), m)
 	if n := count(t, admin, m.Name(), outer.Owner()); n != 2 {
 		t.Errorf("after one re-entry whose reply was lost and resent, the owner holds %d levels, want 2", n)
 	}
@@ -512,7 +513,10 @@ func TestCase10PubSubConnectionsGrowWithShardsNotLocks(t *testing.T) {
 // project's controller does, on a Redis 7 Cluster) made every release leave
 // the lock free instead of handing it over, as if Redisson clients waited:
 // every waiter then needed another round trip. The hand-over works whatever
-// else listens: a run of hand-overs needs no further attempts.
+// else listens: a release races only now and then, in case the listener is
+// a Redisson client waiting outside the queue: when the queue forms, a
+// second later, and then at gaps that double while no Redisson client takes
+// the lock, so over T seconds at most 2 + log2(1 + T) times.
 func TestCase11APlainListenerDoesNotDisableTheHandOver(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -545,8 +549,9 @@ func TestCase11APlainListenerDoesNotDisableTheHandOver(t *testing.T) {
 			waiterRedis.AddHook(evals)
 			waiterClient := newClient(t, waiterRedis, opts)
 			holder, waiter := newMutex(t, holderClient, name, nil), newMutex(t, waiterClient, name, nil)
-			const handOvers = 10
+			const handOvers = 20
 			extra := int64(0)
+			start := time.Now()
 			for range handOvers {
 				held := mustLock(t, ctx, holder)
 				before := evals.count()
@@ -563,8 +568,10 @@ func TestCase11APlainListenerDoesNotDisableTheHandOver(t *testing.T) {
 				_ = before
 				mustUnlock(t, ctx, r.h)
 			}
-			if extra > 1 {
-				t.Fatalf("with a plain listener on the release channel, %d hand-overs took %d more attempts, want at most 1", handOvers, extra)
+			took := time.Since(start)
+			if bound := 2 + int64(math.Log2(1+took.Seconds())); extra > bound {
+				t.Fatalf("with a plain listener on the release channel, %d hand-overs in %v took %d more attempts, want at most %d",
+					handOvers, took.Round(time.Millisecond), extra, bound)
 			}
 		})
 	}
@@ -654,7 +661,7 @@ func TestCase12AFailedInnerUnlockDoesNotKeepTheLockHeld(t *testing.T) {
 	c := newClient(t, rdb, redislock.Options{WatchdogLease: time.Second})
 	m := newMutex(t, c, lockName(t), nil)
 	outer := mustLock(t, ctx, m)
-	inner := mustLock(t, redislock.WithOwner(ctx, outer.Owner()), m)
+	inner := mustLock(t, redislock.WithHold(ctx, outer), m)
 	failing.Store(true)
 	if err := inner.Unlock(ctx); !errors.Is(err, redislock.ErrUnavailable) {
 		t.Fatalf("the inner Unlock with Redis unreachable: %v, want ErrUnavailable", err)
@@ -678,7 +685,7 @@ func TestCase13AnOwnerInAContextReentersOnlyItsOwnLock(t *testing.T) {
 	ctx := testContext(t)
 	c := newClient(t, b.newRedis(t), redislock.Options{})
 	a := mustLock(t, ctx, newMutex(t, c, lockName(t)+":a", nil))
-	withA := redislock.WithOwner(ctx, a.Owner())
+	withA := redislock.WithHold(ctx, a)
 	other := newMutex(t, c, lockName(t)+":b", nil)
 	first := mustLock(t, withA, other)
 	if first.Owner() == a.Owner() {
@@ -699,7 +706,7 @@ func TestCase13AReentryUnderOtherTermsIsRefused(t *testing.T) {
 	name := lockName(t)
 	outer := mustLock(t, ctx, newMutex(t, c, name, nil))
 	fixed := newMutex(t, c, name, &redislock.MutexOptions{Lease: 200 * time.Millisecond})
-	inner, err := fixed.Lock(redislock.WithOwner(ctx, outer.Owner()))
+	inner, err := fixed.Lock(redislock.WithHold(ctx, outer))
 	if err == nil {
 		mustUnlock(t, ctx, inner)
 	} else if !errors.Is(err, redislock.ErrLeaseMismatch) {
@@ -766,7 +773,7 @@ func TestCase13CloseReleasesHeldLocks(t *testing.T) {
 	name := lockName(t)
 	m := newMutex(t, c, name, nil)
 	outer := mustLock(t, ctx, m)
-	mustLock(t, redislock.WithOwner(ctx, outer.Owner()), m)
+	mustLock(t, redislock.WithHold(ctx, outer), m)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

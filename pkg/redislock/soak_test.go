@@ -616,7 +616,7 @@ func (w *soakWorker) runRedisson(ctx context.Context, rdb *redis.Client, worker 
 // reenter takes the lock again for hold's owner, holds the re-entry for
 // held, and unlocks it.
 func (w *soakWorker) reenter(hold *redislock.Hold, m *redislock.Mutex, held time.Duration) {
-	ctx, cancel := context.WithTimeout(redislock.WithOwner(context.Background(), hold.Owner()), soakWait)
+	ctx, cancel := context.WithTimeout(redislock.WithHold(context.Background(), hold), soakWait)
 	defer cancel()
 	again, err := m.TryLock(ctx, 0)
 	if err != nil {
