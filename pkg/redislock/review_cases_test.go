@@ -364,3 +364,39 @@ func TestLostFirstReplyAndAHandOverTakeOneLevel(t *testing.T) {
 			info, n)
 	}
 }
+
+// Found by the soak (an overlap): a waiter that missed the notice of a
+// hand-over takes the lock with an attempt, which finds its level there.
+// The hand-over's lease is short (at most the waiter's QueueTTL) and began
+// at the release, but the client counts the full lease from the attempt's
+// send: the attempt must renew the lease, or the lock runs out under a Hold
+// that still counts as held.
+func TestAHandOverTakenByAnAttemptGetsItsLease(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	holderClient := newClient(t, srv.Client(t), redislock.Options{})
+	waiterClient := newClient(t, srv.Client(t), redislock.Options{RetryFallback: 400 * time.Millisecond, QueueTTL: time.Second})
+	held := mustLock(t, ctx, newMutex(t, holderClient, name, nil))
+	got := lockAsync(ctx, newMutex(t, waiterClient, name, nil))
+	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
+	time.Sleep(300 * time.Millisecond)
+	// The waiter misses the hand-over's notice: its pub/sub connection is
+	// killed just before the release.
+	if err := srv.Client(t).Do(ctx, "client", "kill", "type", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustUnlock(t, ctx, held)
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the hand-over's lease of 1 s
+	if err := r.h.Err(); err != nil {
+		t.Fatalf("the waiter's Hold ended: %v", err)
+	}
+	if info := inspect(t, holderClient, name); len(info.Holders) != 1 || info.Holders[0].Owner != r.h.Owner() {
+		t.Fatalf("the waiter's Hold counts as held, but the lock is %+v", info)
+	}
+	mustUnlock(t, ctx, r.h)
+}

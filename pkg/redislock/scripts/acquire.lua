@@ -44,7 +44,13 @@ local f = redis.call('hmget', KEYS[1], owner, '~t', '~l', '~h' .. ticket, '~q')
 if f[1] then
   if f[4] then
     -- The call's level is there: an earlier send of this request took it,
-    -- or a release handed the lock to the call.
+    -- or a release handed the lock to the call, with a lease that may be
+    -- short (see free_lock) and started before this request was sent. The
+    -- lease is renewed, so that it lasts from this request on: the client
+    -- counts from its send. A level already undone (0) is left alone.
+    if f[4] == '1' then
+      redis.call('pexpire', KEYS[1], ARGV[5])
+    end
     return tonumber(f[2]) or 0
   end
   if finished(ticket) then
