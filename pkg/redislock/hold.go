@@ -191,9 +191,10 @@ func (h *Hold) markUnlocked() {
 }
 
 // Refresh extends the ownership's lease now: to its full length from now,
-// as the watchdog's renewal does, for a fixed lease too. It returns
-// ErrNotOwner, and ends the ownership, if the ownership no longer holds the
-// lock; ErrUnavailable if Redis cannot be reached.
+// as the watchdog's renewal does, for a fixed lease too. It returns why the
+// ownership ended if it has (see Context), or ErrNotOwner, and ends the
+// ownership, if it no longer holds the lock; ErrUnavailable if Redis cannot
+// be reached.
 func (h *Hold) Refresh(ctx context.Context) error {
 	o := h.own
 	if err := o.err(); err != nil {
@@ -213,12 +214,12 @@ func (h *Hold) Refresh(ctx context.Context) error {
 }
 
 // TTL returns the ownership's remaining lease as Redis has it: -1 if it has
-// no expiry. It returns ErrNotOwner, and ends the ownership, if the
-// ownership no longer holds the lock; ErrUnavailable if Redis cannot be
-// reached.
+// no expiry. It returns why the ownership ended if it has (see Context), or
+// ErrNotOwner, and ends the ownership, if it no longer holds the lock;
+// ErrUnavailable if Redis cannot be reached.
 func (h *Hold) TTL(ctx context.Context) (time.Duration, error) {
 	o := h.own
-	if err := o.c.checkOpen(); err != nil {
+	if err := o.err(); err != nil {
 		return 0, err
 	}
 	args := scriptArgs(ttlScript, o.keys.nameArgs, 2)

@@ -115,8 +115,17 @@ func TestCase2OneOwnerUnderOtherTermsCannotCutItsLease(t *testing.T) {
 	second, err := newMutex(t, b, name, &redislock.MutexOptions{Owner: owner, Lease: 100 * time.Millisecond}).TryLock(ctx, 0)
 	if err == nil {
 		defer func() { _ = second.Unlock(ctx) }()
-	} else if !errors.Is(err, redislock.ErrLeaseMismatch) {
-		t.Fatalf("a re-entry of the owner under other lease terms: %v, want ErrLeaseMismatch", err)
+	}
+	if !errors.Is(err, redislock.ErrLeaseMismatch) {
+		t.Errorf("a re-entry of the owner under other lease terms: %v, want ErrLeaseMismatch", err)
+	}
+	// Nor may another Client's watchdog lease of another length.
+	if h, err := newMutex(t, newClient(t, srv.Client(t), redislock.Options{WatchdogLease: time.Second}), name,
+		&redislock.MutexOptions{Owner: owner}).TryLock(ctx, 0); !errors.Is(err, redislock.ErrLeaseMismatch) {
+		if err == nil {
+			_ = h.Unlock(ctx)
+		}
+		t.Errorf("a re-entry of the owner under another watchdog lease: %v, want ErrLeaseMismatch", err)
 	}
 	for start := time.Now(); time.Since(start) < 2*time.Second; time.Sleep(20 * time.Millisecond) {
 		h, err := rival.TryLock(ctx, 0)
@@ -709,8 +718,9 @@ func TestCase13AReentryUnderOtherTermsIsRefused(t *testing.T) {
 	inner, err := fixed.Lock(redislock.WithHold(ctx, outer))
 	if err == nil {
 		mustUnlock(t, ctx, inner)
-	} else if !errors.Is(err, redislock.ErrLeaseMismatch) {
-		t.Fatalf("a re-entry under a fixed lease of a watchdog ownership: %v, want ErrLeaseMismatch", err)
+	}
+	if !errors.Is(err, redislock.ErrLeaseMismatch) {
+		t.Errorf("a re-entry under a fixed lease of a watchdog ownership: %v, want ErrLeaseMismatch", err)
 	}
 	time.Sleep(1500 * time.Millisecond)
 	if err := outer.Err(); err != nil || !inspect(t, c, name).Held() {
@@ -804,5 +814,46 @@ func TestCase13EveryErrorIsDocumented(t *testing.T) {
 				t.Errorf("the package documentation's Errors section does not name %s", name)
 			}
 		}
+	}
+}
+
+// A fixed lease could be neither extended nor read: a holder whose work ran
+// long had to unlock and lock again, letting another in between. Now
+// Hold.Refresh extends it to its full length, and Hold.TTL tells what is
+// left.
+func TestCase13AFixedLeaseCanBeRefreshedAndRead(t *testing.T) {
+	b, _ := standalone(t)
+	ctx := testContext(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{})
+	rival := newMutex(t, newClient(t, b.newRedis(t), redislock.Options{}), lockName(t), nil)
+	const lease = 600 * time.Millisecond
+	hold := mustLock(t, ctx, newMutex(t, c, lockName(t), &redislock.MutexOptions{Lease: lease}))
+	for range 3 {
+		time.Sleep(lease / 2)
+		ttl, err := hold.TTL(ctx)
+		if err != nil || ttl <= 0 || ttl > lease/2 {
+			t.Fatalf("TTL half a lease in = %v, %v; want under %v", ttl, err, lease/2)
+		}
+		if err := hold.Refresh(ctx); err != nil {
+			t.Fatalf("Refresh: %v", err)
+		}
+		if ttl, err := hold.TTL(ctx); err != nil || ttl <= lease/2 {
+			t.Fatalf("TTL after Refresh = %v, %v; want about %v", ttl, err, lease)
+		}
+	}
+	// A lease and a half after the Lock, it still holds, and nobody else
+	// got in.
+	if _, err := rival.TryLock(ctx, 0); !errors.Is(err, redislock.ErrWaitTimeout) {
+		t.Fatalf("another owner's TryLock while the lease was refreshed: %v", err)
+	}
+	if err := hold.Err(); err != nil {
+		t.Fatalf("the refreshed Hold ended: %v", err)
+	}
+	mustUnlock(t, ctx, hold)
+	if _, err := hold.TTL(ctx); !errors.Is(err, redislock.ErrReleased) {
+		t.Fatalf("TTL after Unlock: %v, want ErrReleased", err)
+	}
+	if err := hold.Refresh(ctx); !errors.Is(err, redislock.ErrReleased) {
+		t.Fatalf("Refresh after Unlock: %v, want ErrReleased", err)
 	}
 }

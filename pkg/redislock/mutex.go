@@ -171,7 +171,26 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 		return c.stillHeld(ctx, c.hold(m, &call, res, start))
 	}
 
-	var bound <-chan time.Time
+	var (
+		res    acquireResult
+		err    error
+		queued bool
+		bound  <-chan time.Time
+	)
+	if fresh := call.ticket == string(call.owner); fresh && !c.waits.listening(m.keys.name) {
+		// The call's owner is its own, so no other call of it can be
+		// waiting, and the client does not listen on the lock, so the call
+		// could not hear anything yet: the first attempt goes ahead
+		// without a waiter, which only a call that must wait needs. One
+		// that queues subscribes, and tries again once it listens.
+		if res, err = c.tryAcquire(ctx, m, &call, true, 0); err != nil {
+			return nil, err
+		}
+		if res.acquired {
+			return c.stillHeld(ctx, c.hold(m, &call, res, start))
+		}
+		queued = true
+	}
 	if wait > 0 {
 		t := time.NewTimer(wait)
 		defer t.Stop()
@@ -179,11 +198,15 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	}
 	w, err := c.waits.enter(ctx, &m.keys, call, bound)
 	if err != nil {
+		if queued {
+			c.undoAcquire(ctx, m, &call) // leaves the queue
+		}
 		return nil, err
 	}
 	defer c.waits.exit(w)
-	res, err := c.waits.attempt(ctx, w, m)
-	if err != nil {
+	if queued {
+		c.waits.record(w, res, 0, 0)
+	} else if res, err = c.waits.attempt(ctx, w, m); err != nil {
 		return nil, c.giveUp(ctx, m, w, err)
 	}
 	if !res.acquired {

@@ -72,8 +72,11 @@ func lateAfter(rdb redis.UniversalClient) time.Duration {
 // reached the server, or may have, and no reply says what happened. An error
 // reply from Redis is an answer; a dial that failed sent nothing.
 func outcomeUnknown(err error) bool {
+	if err == nil {
+		return false
+	}
 	var replyErr redis.Error
-	return err != nil && !errors.As(err, &replyErr) && !neverSent(err) && !errors.Is(err, redis.ErrClosed)
+	return !errors.As(err, &replyErr) && !neverSent(err) && !errors.Is(err, redis.ErrClosed)
 }
 
 // resolved runs call, a mutating request that is safe to send twice, unless

@@ -153,6 +153,13 @@ func (ws *waiting) enter(ctx context.Context, keys *lockKeys, call lockCall, bou
 	}
 }
 
+// listening reports whether the client listens on the lock's channels.
+func (ws *waiting) listening(name string) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.subs[name] != nil
+}
+
 // exit ends a waiter's Lock call, letting the next call of its owner in.
 func (ws *waiting) exit(w *waiter) {
 	ws.mu.Lock()
@@ -256,20 +263,27 @@ func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex) (acquireRes
 	ws.mu.Unlock()
 	res, err := ws.c.tryAcquire(ctx, m, &w.call, true, missed)
 	if err == nil && !res.acquired {
-		ws.mu.Lock()
-		w.queuedSent = res.sent
-		w.lastToken = max(w.lastToken, res.token)
-		w.head = res.rank == 0 || w.notices != notices
-		w.aheadLapses = time.Time{}
-		if res.lapse >= 0 {
-			w.aheadLapses = res.sent.Add(res.lapse)
-		}
-		if w.head && w.releases != releases {
-			w.signal()
-		}
-		ws.mu.Unlock()
+		ws.record(w, res, notices, releases)
 	}
 	return res, err
+}
+
+// record notes what an attempt that left w queued told: when it was sent,
+// the holder's token, whether w heads the queue, and when the entry ahead of
+// it lapses. notices and releases are w's counts when the attempt was sent.
+func (ws *waiting) record(w *waiter, res acquireResult, notices, releases uint64) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	w.queuedSent = res.sent
+	w.lastToken = max(w.lastToken, res.token)
+	w.head = res.rank == 0 || w.notices != notices
+	w.aheadLapses = time.Time{}
+	if res.lapse >= 0 {
+		w.aheadLapses = res.sent.Add(res.lapse)
+	}
+	if w.head && w.releases != releases {
+		w.signal()
+	}
 }
 
 // takeHandover returns the hand-over w received, if any, as an acquisition.
@@ -413,4 +427,3 @@ func (c *Client) fallback(pttl time.Duration) time.Duration {
 	}
 	return d
 }
-
