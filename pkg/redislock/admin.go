@@ -99,8 +99,8 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	}
 	k := keysFor(name)
 	prefix := clientID + ":"
-	args := scriptArgs(c.scripts.forceRelease, k.keyArgs, 2)
-	args = append(args, prefix, k.noticePrefix)
+	args := scriptArgs(c.scripts.forceRelease, k.keyArgs, 1)
+	args = append(args, prefix)
 	n, err := run(ctx, c.rdb, c.scripts.forceRelease, args).Int()
 	if err != nil {
 		return 0, failure(ctx, err)

@@ -9,7 +9,8 @@ import (
 )
 
 // ScriptCall tells a test's go-redis hook which of the package's scripts an
-// EVALSHA or EVAL command runs ("acquire", "release", "renew", "leave",
+// EVALSHA or EVAL command runs ("acquire" for acquire.lua and take.lua,
+// "release" for release.lua and unlock.lua, "renew", "ttl", "leave",
 // "force_release", "inspect"; "" for any other command), and the owner ID
 // it acts for.
 func ScriptCall(args []any) (kind, owner string) {
@@ -45,9 +46,9 @@ func ScriptCall(args []any) (kind, owner string) {
 func scriptCall(id string, arg func(int) string) (kind, owner string) {
 	for _, set := range []*scriptSet{classicScripts, shardedScripts} {
 		switch id {
-		case set.acquire.Hash():
+		case set.acquire.Hash(), set.take.Hash():
 			return "acquire", arg(0)
-		case set.release.Hash():
+		case set.release.Hash(), set.unlock.Hash():
 			return "release", arg(0)
 		case set.leave.Hash():
 			return "leave", arg(0)

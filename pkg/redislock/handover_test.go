@@ -37,9 +37,9 @@ func testHandOver(t *testing.T, b backend) {
 	held := mustLock(t, ctx, holder)
 
 	got := lockInBackground(t, ctx, waiter)
-	// The waiter queues, subscribes, and tries once more now that it
-	// listens: two acquires, then it sleeps.
-	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 2 }, "the waiter to queue and listen")
+	// The waiter tries take.lua, queues with acquire.lua, subscribes, and
+	// tries once more now that it listens: three attempts, then it sleeps.
+	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 3 }, "the waiter to queue and listen")
 	mustUnlock(t, ctx, held)
 
 	var l *redislock.Hold
@@ -51,8 +51,8 @@ func testHandOver(t *testing.T, b backend) {
 	if l == nil {
 		return
 	}
-	if n := evals.count(); n != 2 {
-		t.Fatalf("the waiter sent %d acquires, want 2: the hand-over should need none", n)
+	if n := evals.count(); n != 3 {
+		t.Fatalf("the waiter sent %d acquires, want 3: the hand-over should need none", n)
 	}
 	if l.Token() <= held.Token() {
 		t.Fatalf("hand-over token %d is not above the previous %d", l.Token(), held.Token())
@@ -160,8 +160,9 @@ func testHandOverToDeadWaiter(t *testing.T, b backend) {
 		_, err := dead.Lock(ctx)
 		deadDone <- err
 	}()
-	// It queues, subscribes and tries once more: then it sleeps, waiting.
-	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 2 }, "the dead waiter to queue and listen")
+	// It tries take.lua, queues, subscribes and tries once more: then it
+	// sleeps, waiting.
+	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 3 }, "the dead waiter to queue and listen")
 	deadOwner := inspect(t, holderClient, name).Waiters[0]
 	crash.crash()
 	_ = deadClient.Close()

@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -119,7 +120,15 @@ func (h *Hold) Unlock(ctx context.Context) error {
 			p.markUnlocked()
 		}
 	}
-	remaining, err := c.release(ctx, o, h.ticketArg, remember)
+	var remaining int64
+	var err error
+	freed := false
+	if last && o.taken && remember == emptyArg && h.ticket == string(o.key.owner) && !c.waits.listening(o.key.name) {
+		freed, err = c.unlock(ctx, o, h)
+	}
+	if !freed && err == nil {
+		remaining, err = c.release(ctx, o, h.ticketArg, remember)
+	}
 	now := time.Now()
 
 	c.mu.Lock()
@@ -248,10 +257,13 @@ type ownership struct {
 	acquired time.Time
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
-	// Boxed once for the argument lists.
+	// Boxed once for the argument lists: the owner ID, the ownership's
+	// '~t' (see scripts/lib.lua) and its lease in ms.
 	ownerArg, tokenArg, leaseArg any
 	lease                        time.Duration
 	watchdog                     bool
+	// taken is set when take.lua took the lock: nobody waited then.
+	taken bool
 
 	// Guarded by Client.mu.
 	levels int // Holds not yet unlocked, nor given up
@@ -344,12 +356,14 @@ func (c *Client) hold(m *Mutex, call *lockCall, res acquireResult, start time.Ti
 	}
 	if o == nil {
 		o = &ownership{c: c, key: key, keys: &m.keys, token: res.token, acquired: res.sent,
-			ownerArg: call.ownerArg, tokenArg: res.token, leaseArg: m.leaseArg, lease: m.terms, watchdog: m.watchdog}
+			ownerArg: call.ownerArg, tokenArg: strconv.FormatInt(res.token, 10) + " " + m.termsText,
+			leaseArg: m.leaseArg, lease: m.terms, watchdog: m.watchdog}
 		o.ctx, o.cancel = context.WithCancelCause(context.Background())
 		o.timer = time.AfterFunc(time.Hour, func() { c.checkDeadline(o) })
 		c.held[key] = o
 	}
 	o.levels++
+	o.taken = o.taken || res.taken
 	if call.late {
 		o.late = append(o.late, call.ticket)
 	}
@@ -392,6 +406,23 @@ func (c *Client) stillHeld(ctx context.Context, h *Hold) (*Hold, error) {
 	return h, nil
 }
 
+// unlock runs unlock.lua, the last Unlock of an uncontended ownership of an
+// owner of its own, for a Hold whose call was that owner's: it frees the
+// lock if nobody is queued and nothing else holds a level, and otherwise
+// changes nothing and reports it, for release.lua to decide. It is tried
+// only where it likely succeeds: the client took the lock with take.lua,
+// and does not listen on the lock for waiters of its own.
+func (c *Client) unlock(ctx context.Context, o *ownership, h *Hold) (freed bool, err error) {
+	s := c.scripts.unlock
+	args := scriptArgs(s, o.keys.unlockArgs, 2)
+	args = append(args, o.ownerArg, o.tokenArg)
+	n, err := run(ctx, c.rdb, s, args).Int64()
+	if outcomeUnknown(err) {
+		n, _, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) { return run(ctx, c.rdb, s, args).Int64() })
+	}
+	return err == nil && n == 0, failure(ctx, err)
+}
+
 // releaseAll releases every level the client's own Locks hold, in one
 // pipelined round trip bounded by RetryFallback, and ends the ownerships
 // with ErrClosed: Close's last step.
@@ -419,7 +450,7 @@ func (c *Client) releaseAll() {
 			cmds := make([]*redis.Cmd, len(todo))
 			for i, r := range todo {
 				args := scriptArgs(c.scripts.release, r.o.keys.keyArgs, 6)
-				args = append(args, r.o.ownerArg, r.hold.ticketArg, r.o.tokenArg, r.o.keys.noticePrefixArg, emptyArg, c.rememberArg)
+				args = append(args, r.o.ownerArg, r.hold.ticketArg, r.o.tokenArg, emptyArg, c.rememberArg, time.Now().UnixMicro())
 				if eval {
 					args[0], args[1] = "eval", c.scripts.release.body
 				}
@@ -452,7 +483,7 @@ func (c *Client) releaseAll() {
 // reply is resolved by sending the same request again.
 func (c *Client) release(ctx context.Context, o *ownership, ticketArg, remember any) (int64, error) {
 	args := scriptArgs(c.scripts.release, o.keys.keyArgs, 6)
-	args = append(args, o.ownerArg, ticketArg, o.tokenArg, o.keys.noticePrefixArg, remember, c.rememberArg)
+	args = append(args, o.ownerArg, ticketArg, o.tokenArg, remember, c.rememberArg, time.Now().UnixMicro())
 	n, err := run(ctx, c.rdb, c.scripts.release, args).Int64()
 	if outcomeUnknown(err) {
 		n, _, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) {

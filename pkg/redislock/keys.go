@@ -42,9 +42,10 @@ type lockKeys struct {
 	// all is the KEYS list of every script but renew.lua and ttl.lua, in
 	// the order scripts/lib.lua gives.
 	all []string
-	// keyArgs is the key count and all, boxed once for scriptArgs; nameArgs
-	// the same for the scripts that take the lock hash only.
-	keyArgs, nameArgs []any
+	// keyArgs is the key count and all, boxed once for scriptArgs; nameArgs,
+	// takeArgs and unlockArgs the same for the scripts that take the lock
+	// hash only, take.lua's keys, and unlock.lua's.
+	keyArgs, nameArgs, takeArgs, unlockArgs []any
 	// Boxed once: the lock name, and the notice prefix.
 	nameArg, noticePrefixArg any
 }
@@ -81,6 +82,8 @@ func keysFor(name string) lockKeys {
 	}
 	k.nameArg, k.noticePrefixArg = name, k.noticePrefix
 	k.nameArgs = []any{"1", k.nameArg}
+	k.takeArgs = []any{"4", k.nameArg, k.all[2], k.all[3], k.all[5]}
+	k.unlockArgs = []any{"2", k.nameArg, k.all[1]}
 	return k
 }
 

@@ -46,8 +46,10 @@ type Mutex struct {
 
 	terms    time.Duration // the lease the lock is taken with
 	watchdog bool
-	// Boxed once for the argument lists: the terms (see '~l' in
-	// scripts/lib.lua) and the lease in ms.
+	// termsText is the lease terms as '~t' in scripts/lib.lua has them;
+	// termsArg and leaseArg the terms and the lease in ms, boxed once for
+	// the argument lists.
+	termsText          string
 	termsArg, leaseArg any
 }
 
@@ -79,7 +81,7 @@ func (c *Client) NewMutex(name string, opts *MutexOptions) (*Mutex, error) {
 	if m.watchdog {
 		terms += "w"
 	}
-	m.termsArg, m.leaseArg = terms, m.terms.Milliseconds()
+	m.termsText, m.termsArg, m.leaseArg = terms, terms, m.terms.Milliseconds()
 	return m, nil
 }
 
@@ -161,7 +163,10 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	start := time.Now()
 	if wait == 0 {
 		// A single attempt, which neither queues nor waits.
-		res, err := c.tryAcquire(ctx, m, &call, false, 0)
+		res, err := c.take(ctx, m, &call)
+		if err == nil && !res.acquired {
+			res, err = c.tryAcquire(ctx, m, &call, false, 0)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -181,10 +186,16 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 		// The call's owner is its own, so no other call of it can be
 		// waiting, and the client does not listen on the lock, so the call
 		// could not hear anything yet: the first attempt goes ahead
-		// without a waiter, which only a call that must wait needs. One
-		// that queues subscribes, and tries again once it listens.
-		if res, err = c.tryAcquire(ctx, m, &call, true, 0); err != nil {
+		// without a waiter, which only a call that must wait needs, and
+		// takes a free lock with take.lua. One that queues subscribes, and
+		// tries again once it listens.
+		if res, err = c.take(ctx, m, &call); err != nil {
 			return nil, err
+		}
+		if !res.acquired {
+			if res, err = c.tryAcquire(ctx, m, &call, true, 0); err != nil {
+				return nil, err
+			}
 		}
 		if res.acquired {
 			return c.stillHeld(ctx, c.hold(m, &call, res, start))
@@ -233,6 +244,8 @@ type acquireResult struct {
 	// handover, above 0, is the lease a hand-over granted, which may be
 	// shorter than the one asked for (see free_lock in scripts/lib.lua).
 	handover time.Duration
+	// taken is set when take.lua took the lock.
+	taken bool
 }
 
 // Pre-boxed arguments.
@@ -245,9 +258,9 @@ var (
 // tryAcquire runs the acquire script once: one round trip, or one pipelined
 // round trip with WAIT when Options.WaitReplicas is set. If the reply is
 // lost, the same request is sent again until Redis answers (see request.go).
-// queue makes a call that waits (acquire.lua's ARGV[6]); missed counts the
+// queue makes a call that waits (acquire.lua's ARGV[5]); missed counts the
 // release messages the head of the queue heard since its last attempt
-// (ARGV[9]). If ctx ended while the
+// (ARGV[7]). If ctx ended while the
 // outcome was being found out and the lock was taken, it is given up again.
 func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue bool, missed uint64) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
@@ -260,9 +273,8 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue
 	if missed > 0 {
 		after = int64(missed)
 	}
-	args := scriptArgs(c.scripts.acquire, m.keys.keyArgs, 9)
-	args = append(args, call.ownerArg, call.ticketArg, time.Now().UnixMicro(), m.termsArg, m.leaseArg,
-		queueTTL, c.clientIDArg, m.keys.noticePrefixArg, after)
+	args := scriptArgs(c.scripts.acquire, m.keys.keyArgs, 7)
+	args = append(args, call.ownerArg, call.ticketArg, time.Now().UnixMicro(), m.termsArg, queueTTL, c.clientIDArg, after)
 
 	res := acquireResult{sent: time.Now()}
 	reply, err := c.sendAcquire(ctx, m, args)
@@ -319,6 +331,56 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue
 		return acquireResult{}, ctx.Err()
 	}
 	return res, nil
+}
+
+// take runs take.lua, the uncontended Lock of an owner of its own, if the
+// call is one and Options.WaitReplicas is not set: it takes the lock if it
+// is free with nobody queued, and otherwise changes nothing and reports it
+// not acquired, for acquire.lua to decide. A lost reply is resolved by
+// sending it again, as tryAcquire does.
+func (c *Client) take(ctx context.Context, m *Mutex, call *lockCall) (acquireResult, error) {
+	if call.ticket != string(call.owner) || c.opts.WaitReplicas > 0 {
+		return acquireResult{}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return acquireResult{}, err
+	}
+	s := c.scripts.take
+	args := scriptArgs(s, m.keys.takeArgs, 3)
+	args = append(args, call.ownerArg, time.Now().UnixMicro(), m.termsArg)
+	res := acquireResult{sent: time.Now()}
+	token, err := takeReply(run(ctx, c.rdb, s, args))
+	late := time.Since(res.sent) >= c.lateAfter
+	if outcomeUnknown(err) {
+		token, late, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) { return takeReply(run(ctx, c.rdb, s, args)) })
+	}
+	call.late = call.late || late
+	c.opts.Metrics.observeAcquire(time.Since(res.sent))
+	if err != nil {
+		return res, failure(ctx, err)
+	}
+	if token > 0 {
+		res.acquired, res.token, res.taken = true, token, true
+		if ctx.Err() != nil {
+			c.undoAcquire(ctx, m, call)
+			return acquireResult{}, ctx.Err()
+		}
+	}
+	return res, nil
+}
+
+// takeReply reads take.lua's reply: the token as a string, or 0.
+func takeReply(cmd *redis.Cmd) (int64, error) {
+	switch v := cmd.Val().(type) {
+	case string:
+		return strconv.ParseInt(v, 10, 64)
+	case int64:
+		return v, nil
+	}
+	if err := cmd.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errScriptReply
 }
 
 // sendAcquire sends an acquire request once.
@@ -387,8 +449,8 @@ func (c *Client) leave(ctx context.Context, m *Mutex, call *lockCall) {
 	if call.late {
 		late = oneArg
 	}
-	args := scriptArgs(c.scripts.leave, m.keys.keyArgs, 5)
-	args = append(args, call.ownerArg, call.ticketArg, m.keys.noticePrefixArg, late, c.rememberArg)
+	args := scriptArgs(c.scripts.leave, m.keys.keyArgs, 4)
+	args = append(args, call.ownerArg, call.ticketArg, late, c.rememberArg)
 	_, _, _ = resolved(ctx, c, nil, func(ctx context.Context) (any, error) {
 		return run(ctx, c.rdb, c.scripts.leave, args).Result()
 	})

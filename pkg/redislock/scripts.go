@@ -14,6 +14,10 @@ import (
 var (
 	//go:embed scripts/lib.lua
 	libLua string
+	//go:embed scripts/take.lua
+	takeLua string
+	//go:embed scripts/unlock.lua
+	unlockLua string
 	//go:embed scripts/acquire.lua
 	acquireLua string
 	//go:embed scripts/release.lua
@@ -37,13 +41,16 @@ var (
 // Redis Functions: EVALSHA works on every Redis a Redisson client works on,
 // and a node that lost its cache costs one EVAL, not a deployment step.
 //
-// All but renew.lua and ttl.lua take the KEYS of lockKeys and get lib.lua's
-// helpers where they say "@lib", after their fast path: a call on the fast
-// path defines none of them. They come in two sets, which differ in the
-// command that publishes: PUBLISH, or SPUBLISH on a Cluster with sharded
-// pub/sub (see subscriptions.go).
+// All but take.lua, unlock.lua, renew.lua and ttl.lua take the KEYS of
+// lockKeys and get lib.lua's helpers where they say "@lib", after their fast
+// path: a call on the fast path defines none of them. take.lua and
+// unlock.lua are the uncontended Lock and Unlock alone, with only the keys
+// and arguments they need: Redis spends about as much on each key or
+// argument of a script call as on a small command. They come in two sets,
+// which differ in the command that publishes: PUBLISH, or SPUBLISH on a
+// Cluster with sharded pub/sub (see subscriptions.go).
 type scriptSet struct {
-	acquire, release, leave, forceRelease, inspect *script
+	take, unlock, acquire, release, leave, forceRelease, inspect *script
 }
 
 // script is one Lua script, sent by SHA, or whole when Redis lacks it.
@@ -72,6 +79,8 @@ func newScriptSet(publish string) *scriptSet {
 		return newScript(strings.ReplaceAll(body, "__PUBLISH__", publish))
 	}
 	return &scriptSet{
+		take:         build(takeLua),
+		unlock:       build(unlockLua),
 		acquire:      build(acquireLua),
 		release:      build(releaseLua),
 		leave:        build(leaveLua),

@@ -3,7 +3,6 @@
 -- a pod terminates. KEYS: see lib.lua.
 --
 -- ARGV[1] owner ID prefix
--- ARGV[2] notice channel prefix
 --
 -- Returns the number of holders removed. When that empties the lock, it is
 -- handed to the next waiter, or the release message "0" published. A second
@@ -38,7 +37,7 @@ else
   local queued = redis.call('hexists', KEYS[1], '~q') == 1
   redis.call('del', KEYS[1])
   if queued or redis.call('exists', KEYS[4]) == 1 then
-    free_lock(ARGV[2])
+    free_lock(notice_prefix())
   else
     publish(KEYS[2], '0')
   end

@@ -12,17 +12,22 @@
 -- The lock hash is Redisson's: the owner ID's field counts its levels, and
 -- PEXPIRE is the lease. Lockwarden adds fields no owner ID can be, since
 -- they start with '~':
---   ~t         the ownership's fencing token
---   ~l         its lease terms: the lease in ms, with 'w' if a watchdog
---              renews it; a re-entry under other terms is refused
---   ~h<ticket> one per Lock call that holds a level: 1 while held, 0 once
---              undone while a late copy of the call's request may still
---              arrive. A call's requests all carry its ticket, so a resend
---              (go-redis sends a command again when its reply was lost)
---              finds its level there and counts none, and an Unlock undoes
---              its own level at most once, however often it is sent.
+--   ~t         "<token> <terms>": the ownership's fencing token, and its
+--              lease terms, the lease in ms with 'w' if a watchdog renews
+--              it; a re-entry under other terms is refused
+--   ~h<ticket> a Lock call's level: 1 while held, 0 once undone while a
+--              late copy of the call's request may still arrive. A call's
+--              requests all carry its ticket, so a resend (go-redis sends a
+--              command again when its reply was lost) finds its level there
+--              and counts none, and an Unlock undoes its own level at most
+--              once, however often it is sent. A Lock for an owner of its
+--              own uses the owner ID as its ticket, and its level needs no
+--              field: it is the owner's while the field is absent, and 0
+--              once undone.
 --   ~q         set while lockwarden waiters may be queued, so the release
---              that frees the lock hands it over
+--              that frees the lock hands it over, or once the level of a
+--              call with no field of its own was undone: either way an
+--              Unlock must go by release.lua, not unlock.lua
 -- A Redisson owner's hash has none of them, which is how a Redisson holder
 -- is told apart (see free_lock).
 --
@@ -47,8 +52,17 @@
 -- the lock hash is the only record of a call, so eviction cannot make a
 -- resend count twice without the lock itself going.
 
--- The server clock, read once per run.
-local clock_us
+-- The clock, in microseconds: the calling client's, if the script has it
+-- (see use_clock), and otherwise the server's, read once per run. Tokens,
+-- arrivals in the queue and the times entries lapse at so follow the
+-- clients' clocks, which costs no TIME call; a client whose clock is off by
+-- more than a QueueTTL would judge other waiters' places lapsed too early
+-- or too late.
+local clock_us, clock_text
+local function use_clock(text)
+  clock_us, clock_text = tonumber(text), text
+end
+
 local function now_us()
   if not clock_us then
     local t = redis.call('time')
@@ -61,19 +75,28 @@ local function now_ms()
   return math.floor(now_us() / 1000)
 end
 
+-- now_text is now_us as a decimal string.
+local function now_text()
+  if not clock_text then
+    clock_text = string.format('%d', now_us())
+  end
+  return clock_text
+end
+
 -- next_token takes the fencing token of a new ownership: one more than the
--- last, or clock (microseconds, as a decimal string: the calling client's
--- clock, or the server's for a hand-over) if that is higher. No lock is taken a million times a second, so
+-- last, or clock (microseconds, as a decimal string: see now_us) if that is
+-- higher. No lock is taken a million times a second, so
 -- tokens follow the clocks, and when Redis loses the counter or its last
 -- increments (a restart without persistence, a crash with appendfsync
 -- everysec, a failover to a lagging replica) the next token still rises
 -- above every one handed out before. The counter is Redisson's: its fenced
 -- lock INCRs it, and it never expires.
 local function next_token(clock)
-  local last = tonumber(redis.call('set', KEYS[3], clock, 'get') or '0') or 0
-  if last >= tonumber(clock) then
+  local last = redis.call('set', KEYS[3], clock, 'get')
+  -- Decimal strings compare as numbers if their lengths do: no conversion.
+  if last and (#last > #clock or #last == #clock and last >= clock) and tonumber(last) then
     -- %d: Lua would print a number this large in exponent form.
-    local token = string.format('%d', last + 1)
+    local token = string.format('%d', tonumber(last) + 1)
     redis.call('set', KEYS[3], token)
     return token
   end
@@ -110,6 +133,39 @@ local function parse_entry(entry)
   if lapse then
     return tonumber(lapse), tonumber(lease), tonumber(ttl), client, ticket, terms
   end
+end
+
+-- level tells what became of a call's level in an ownership of owner
+-- that holds the lock (see '~h'), from the call's marker: 'live', 'undone',
+-- or nil when the call has none.
+local function level(marker, owner, ticket)
+  if marker == '1' then
+    return 'live'
+  elseif marker == '0' then
+    return 'undone'
+  elseif ticket == owner then
+    return 'live'
+  end
+end
+
+-- token_of and terms_of read the two halves of '~t'.
+local function token_of(t)
+  return tonumber(string.match(t or '', '^(%d+)'))
+end
+
+local function terms_of(t)
+  return string.match(t or '', ' (%S+)$')
+end
+
+-- lease_of is the lease in ms of lease terms.
+local function lease_of(terms)
+  return string.match(terms, '^(%d+)')
+end
+
+-- notice_prefix is the prefix of the lock's notice channels,
+-- "lockwarden_lock__notice:{<name>}:", from its release channel.
+local function notice_prefix()
+  return 'lockwarden_lock__notice:' .. string.sub(KEYS[2], #'redisson_lock__channel:' + 1) .. ':'
 end
 
 local function dequeue(owner)
@@ -268,9 +324,13 @@ local function free_lock(prefix)
         return
       end
       redis.call('hdel', KEYS[5], head)
-      local token = next_token(string.format('%d', now_us()))
+      local token = next_token(now_text())
       local grant = math.min(lease, ttl)
-      redis.call('hset', KEYS[1], head, 1, '~t', token, '~l', terms, '~h' .. ticket, 1, '~q', 1)
+      if ticket == head then
+        redis.call('hset', KEYS[1], head, '1', '~t', token .. ' ' .. terms, '~q', '1')
+      else
+        redis.call('hset', KEYS[1], head, '1', '~t', token .. ' ' .. terms, '~h' .. ticket, '1', '~q', '1')
+      end
       redis.call('pexpire', KEYS[1], grant)
       notify(prefix, client, head, 'g', token .. ' ' .. grant .. ' ' .. ticket)
       return
@@ -287,8 +347,10 @@ end
 local function undo_level(owner, ticket, count, queued, prefix, remembered, ms)
   if count > 1 then
     redis.call('hincrby', KEYS[1], owner, -1)
-    if string.find(' ' .. remembered .. ' ', ' ' .. ticket .. ' ', 1, true) then
-      redis.call('hset', KEYS[1], '~h' .. ticket, 0)
+    if ticket == owner then
+      redis.call('hset', KEYS[1], '~h' .. ticket, '0', '~q', '1')
+    elseif string.find(' ' .. remembered .. ' ', ' ' .. ticket .. ' ', 1, true) then
+      redis.call('hset', KEYS[1], '~h' .. ticket, '0')
     else
       redis.call('hdel', KEYS[1], '~h' .. ticket)
     end

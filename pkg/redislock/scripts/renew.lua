@@ -3,7 +3,7 @@
 --
 -- KEYS[1] lock hash  <name>
 -- ARGV[1] owner ID
--- ARGV[2] the ownership's fencing token
+-- ARGV[2] the ownership's '~t' (see lib.lua)
 -- ARGV[3] lease, ms
 --
 -- Returns 1 when renewed, 0 when the ownership no longer holds the lock: a

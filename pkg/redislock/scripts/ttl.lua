@@ -2,7 +2,7 @@
 --
 -- KEYS[1] lock hash  <name>
 -- ARGV[1] owner ID
--- ARGV[2] the ownership's fencing token
+-- ARGV[2] the ownership's '~t' (see lib.lua)
 --
 -- Returns the lease left in ms (-1: no expiry), or -2 when the ownership no
 -- longer holds the lock.
