@@ -38,7 +38,7 @@
 // again, and so does this package, since only Redis knows what happened.
 // Every script that changes a lock is safe to run twice: each Lock call has a
 // ticket (its new owner's ID, or a random one), all its requests and its
-// Hold's Unlock carry it, and the lock's own hash records a level per ticket
+// Hold's Unlock carry it, and the lock's own hash records each call's level
 // for as long as it is held (Redisson's layout plus fields of lockwarden's,
 // see scripts/lib.lua). A resent Lock finds its level there and counts none;
 // a resent Unlock finds its level gone and undoes nothing more; a lock handed
@@ -84,11 +84,11 @@
 // resource that refuses tokens lower than the highest it has seen turns a
 // stale holder's writes into errors. A token is one more than the last, or
 // the clock in microseconds if that is higher (the acquiring client's, or
-// the server's for a hand-over), so tokens keep rising even when Redis loses
-// the counter or its last increments: a restart without persistence, a crash
-// with appendfsync everysec, a failover to a lagging replica; provided the
-// clocks of the clients that take a lock are not further apart than such a
-// loss takes. The counter is Redisson's, and keeps Redisson's semantics: it
+// the releasing client's for a hand-over), so tokens keep rising even when
+// Redis loses the counter or its last increments: a restart without
+// persistence, a crash with appendfsync everysec, a failover to a lagging
+// replica; provided the clocks of the clients that take a lock are not
+// further apart than such a loss takes. The counter is Redisson's, and keeps Redisson's semantics: it
 // never expires, and Redisson's fenced lock INCRs it, so a Go and a Java
 // holder's tokens rise together.
 //
@@ -135,7 +135,7 @@
 // # Redis layout
 //
 //	<name>                                   hash: owner ID -> reentry count (Redisson's); PEXPIRE is the lease;
-//	                                         and lockwarden's ~t (token), ~l (lease terms), ~h<ticket> (a call's level), ~q (waiters)
+//	                                         and lockwarden's ~t (token and lease terms), ~h<ticket> (a call's level), ~q (waiters)
 //	redisson_lock__channel:{<name>}          channel: "0" when the lock is freed
 //	redisson_lock_token:{<name>}             counter: fencing tokens (Redisson's; no expiry)
 //	lockwarden_lock_queue:{<name>}           sorted set: waiting owners, by arrival

@@ -46,8 +46,8 @@ type lockKeys struct {
 	// takeArgs and unlockArgs the same for the scripts that take the lock
 	// hash only, take.lua's keys, and unlock.lua's.
 	keyArgs, nameArgs, takeArgs, unlockArgs []any
-	// Boxed once: the lock name, and the notice prefix.
-	nameArg, noticePrefixArg any
+	// nameArg is the lock name, boxed once.
+	nameArg any
 }
 
 // hashTag is what the keys of the lock name carry so that they share its
@@ -80,7 +80,7 @@ func keysFor(name string) lockKeys {
 	for _, key := range k.all {
 		k.keyArgs = append(k.keyArgs, key)
 	}
-	k.nameArg, k.noticePrefixArg = name, k.noticePrefix
+	k.nameArg = name
 	k.nameArgs = []any{"1", k.nameArg}
 	k.takeArgs = []any{"4", k.nameArg, k.all[2], k.all[3], k.all[5]}
 	k.unlockArgs = []any{"2", k.nameArg, k.all[1]}

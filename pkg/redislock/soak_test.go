@@ -733,6 +733,11 @@ func (w *soakWorker) critical(hold *redislock.Hold, name, holder, pauses string,
 // says it holds the lock; isHold tells a Hold's work from the
 // Redisson-script worker's.
 func (w *soakWorker) enter(token int64, valid func() bool, isHold bool, name, holder, pauses string, writes int) {
+	w.enterFor(token, valid, isHold, name, holder, pauses, writes, 0)
+}
+
+// enterFor is enter with a pause between writes.
+func (w *soakWorker) enterFor(token int64, valid func() bool, isHold bool, name, holder, pauses string, writes int, gap time.Duration) {
 	ctx := context.Background()
 	keys := checkerKeys(name)
 	if !valid() {
@@ -753,7 +758,10 @@ func (w *soakWorker) enter(token int64, valid func() bool, isHold bool, name, ho
 	if isHold {
 		hold = "1"
 	}
-	for range writes {
+	for i := range writes {
+		if i > 0 {
+			time.Sleep(gap)
+		}
 		if !valid() {
 			break
 		}
@@ -820,11 +828,8 @@ func (w *soakWorker) holdLong(ctx context.Context, c *redislock.Client, worker i
 		w.acquisitions.Add(1)
 		w.longHolds.Add(1)
 		holder := fmt.Sprintf("%d.%d.long.%d", w.cfg.Process, w.cfg.Incarnation, n)
-		until := time.Now().Add(3 * soakLease)
-		for time.Now().Before(until) && ctx.Err() == nil && hold.Err() == nil {
-			w.enter(hold.Token(), func() bool { return hold.Err() == nil }, true, m.Name(), holder, pauses, 1)
-			time.Sleep(soakLease / 10)
-		}
+		valid := func() bool { return ctx.Err() == nil && hold.Err() == nil }
+		w.enterFor(hold.Token(), valid, true, m.Name(), holder, pauses, 30, soakLease/10)
 		if err := hold.Err(); err != nil && ctx.Err() == nil {
 			w.checkLoss(holder, err)
 		}

@@ -246,27 +246,20 @@ var shapes = map[string]func(ctx context.Context, rdb *redis.Client) error{
 	"lockwarden": func(ctx context.Context, rdb *redis.Client) error {
 		const name = "lockbench:shape:lockwarden"
 		const tag = "{" + name + "}"
-		// KEYS: the lock's six keys (see pkg/redislock/scripts/lib.lua).
-		keys := []string{name, "redisson_lock__channel:" + tag, "redisson_lock_token:" + tag,
-			"lockwarden_lock_queue:" + tag, "lockwarden_lock_queue_entry:" + tag, "lockwarden_lock_done:" + tag}
+		// An uncontended Lock of a new owner runs take.lua, with the lock's
+		// hash, counter, queue and record of finished calls, and its Unlock
+		// unlock.lua, with the hash and the release channel (see
+		// pkg/redislock/scripts).
 		const clientID = "6f1ed002-ab5d-4b2f-9c3a-1c8a2e3d4f5a"
-		const prefix = "lockwarden_lock__notice:" + tag + ":"
-		// A default Lock acts for a new owner, which is also its call's
-		// ticket. Default Options: watchdog lease 30s, queue TTL 5s; the
-		// remember horizon lockwarden derives from go-redis's default
-		// options (4 tries of 3s read + 3s write + 512ms backoff) and its
-		// resolve window (5 s).
 		owner := clientID + ":" + newRequestID()
-		const lease, rememberMs = 30000, 31048
-		// acquire.lua: owner, ticket, client clock, terms, lease, queue
-		// TTL (0: a Lock's first attempt sends 5000), client ID, notice
-		// prefix, release messages heard.
-		if err := emptyScript.Run(ctx, rdb, keys, owner, owner, time.Now().UnixMicro(), "30000w", lease, 5000, clientID, prefix, "0").Err(); err != nil {
+		// take.lua: owner, client clock, lease terms (the default 30s
+		// watchdog lease).
+		take := []string{name, "redisson_lock_token:" + tag, "lockwarden_lock_queue:" + tag, "lockwarden_lock_done:" + tag}
+		if err := emptyScript.Run(ctx, rdb, take, owner, time.Now().UnixMicro(), "30000w").Err(); err != nil {
 			return err
 		}
-		// release.lua: owner, ticket, token, notice prefix, tickets to
-		// remember, how long.
-		return emptyScript.Run(ctx, rdb, keys, owner, owner, int64(1795458593061553), prefix, "", rememberMs).Err()
+		// unlock.lua: owner, the ownership's token and terms.
+		return emptyScript.Run(ctx, rdb, []string{name, "redisson_lock__channel:" + tag}, owner, "1795458593061553 30000w").Err()
 	},
 	"redsync":       setThenScript("lockbench:shape:redsync"),
 	"bsm/redislock": setThenScript("lockbench:shape:bsm"),

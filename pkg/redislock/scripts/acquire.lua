@@ -90,9 +90,10 @@ if not held then
   local head, _, headTicket = live_head()
   local mine = head == owner and headTicket == ticket
   if mine then
+    -- (At most race_grace: the release's clock may be ahead of this one.)
     local grace = (tonumber(redis.call('hget', KEYS[5], '~grace') or '') or 0) - now_ms()
     if grace > 0 then
-      mine, pttl = false, grace
+      mine, pttl = false, math.min(grace, race_grace)
     end
   end
   if not head or mine or ARGV[5] == '0' then
