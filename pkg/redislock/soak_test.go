@@ -804,14 +804,14 @@ func (w *soakWorker) errorSummary() map[string]int {
 	return w.errors
 }
 
-// holdLong keeps one random lock at a time for three leases, on the client
-// whose Unlocks stall, writing under it every tenth of a lease while it
-// holds. The hold may end only when a fault struck in the last lease: the
-// watchdog must keep it through the stalled Unlocks beside it.
+// holdLong keeps the lock soak:long for three leases at a time, on the
+// client whose Unlocks stall, writing under it every tenth of a lease while
+// it holds; the long holders of all processes take turns. The hold may end
+// only when a fault struck in the last two leases: the watchdog must keep
+// it through the stalled Unlocks beside it.
 func (w *soakWorker) holdLong(ctx context.Context, c *redislock.Client, worker int) {
-	r := rand.New(rand.NewPCG(uint64(worker), uint64(w.cfg.Incarnation)+1000))
+	m, _ := c.NewMutex("soak:long", nil)
 	for n := 0; ctx.Err() == nil; n++ {
-		m, _ := c.NewMutex(fmt.Sprintf("soak:lock:%d", r.IntN(soakLocks)), nil)
 		pauses, err := w.checker.HGet(ctx, "soak:procs", fmt.Sprintf("pauses:%d", w.cfg.Process)).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			w.noteError("checker", err)
