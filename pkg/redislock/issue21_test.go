@@ -337,12 +337,12 @@ func TestCase7TheFencingCounterKeepsRedissonsSemantics(t *testing.T) {
 	if ttl := rdb.PTTL(ctx, counter).Val(); ttl != -1 {
 		t.Fatalf("after a lockwarden acquisition the counter's PTTL is %v, want none (Redisson's counter never expires)", ttl)
 	}
-	redisson := &redissonLock{rdb: rdb, name: name, owner: "7d3c0d2e-fenced:1", lease: time.Minute}
-	token, _, err := redisson.fencedLock(ctx)
+	redisson := &redistest.Redisson{RDB: rdb, Name: name, Owner: "7d3c0d2e-fenced:1", Lease: time.Minute}
+	token, _, err := redisson.FencedLock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := redisson.unlock(ctx); err != nil {
+	if _, err := redisson.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if ttl := rdb.PTTL(ctx, counter).Val(); ttl != -1 {
@@ -593,8 +593,8 @@ func TestCase12AWaiterBehindALapsedEntryWakesOnARelease(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := testContext(t)
 	name := lockName(t)
-	redisson := &redissonLock{rdb: srv.Client(t), name: name, owner: "0b7e3c11-redisson:1", lease: time.Minute}
-	if took, _, err := redisson.tryLock(ctx); err != nil || !took {
+	redisson := &redistest.Redisson{RDB: srv.Client(t), Name: name, Owner: "0b7e3c11-redisson:1", Lease: time.Minute}
+	if took, _, err := redisson.TryLock(ctx); err != nil || !took {
 		t.Fatalf("Redisson tryLock = %v, %v", took, err)
 	}
 	// The dead waiter queues first, then loses Redis for good.
@@ -615,7 +615,7 @@ func TestCase12AWaiterBehindALapsedEntryWakesOnARelease(t *testing.T) {
 	proxy.Cut()
 	waitFor(t, func() bool { return len(inspect(t, admin, name).Waiters) == 1 }, "the first waiter's entry to lapse")
 
-	if freed, err := redisson.unlock(ctx); err != nil || !freed {
+	if freed, err := redisson.Unlock(ctx); err != nil || !freed {
 		t.Fatalf("Redisson unlock = %v, %v", freed, err)
 	}
 	select {
@@ -736,8 +736,8 @@ func TestCase13TryLockTakesAFreeLockAheadOfAQueue(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := testContext(t)
 	name := lockName(t)
-	redisson := &redissonLock{rdb: srv.Client(t), name: name, owner: "0b7e3c11-redisson:2", lease: time.Minute}
-	if took, _, err := redisson.tryLock(ctx); err != nil || !took {
+	redisson := &redistest.Redisson{RDB: srv.Client(t), Name: name, Owner: "0b7e3c11-redisson:2", Lease: time.Minute}
+	if took, _, err := redisson.TryLock(ctx); err != nil || !took {
 		t.Fatalf("Redisson tryLock = %v, %v", took, err)
 	}
 	proxy := redistest.StartProxy(t, srv.Addr)
@@ -749,7 +749,7 @@ func TestCase13TryLockTakesAFreeLockAheadOfAQueue(t *testing.T) {
 	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the waiter to queue")
 	time.Sleep(300 * time.Millisecond)
 	proxy.Cut() // it cannot act on the release for now
-	if freed, err := redisson.unlock(ctx); err != nil || !freed {
+	if freed, err := redisson.Unlock(ctx); err != nil || !freed {
 		t.Fatalf("Redisson unlock = %v, %v", freed, err)
 	}
 	hold, err := newMutex(t, c, name, nil).TryLock(ctx, 0)

@@ -636,15 +636,15 @@ func (w *soakWorker) runRedisson(ctx context.Context, rdb *redis.Client, worker 
 	r := rand.New(rand.NewPCG(uint64(worker), uint64(w.cfg.Incarnation)))
 	for n := 0; ctx.Err() == nil; n++ {
 		name := fmt.Sprintf("soak:lock:%d", r.IntN(soakLocks))
-		redisson := &redissonLock{rdb: rdb, name: name, lease: soakLease,
-			owner: fmt.Sprintf("redisson-%d-%d:%d", w.cfg.Process, w.cfg.Incarnation, worker)}
+		redisson := &redistest.Redisson{RDB: rdb, Name: name, Lease: soakLease,
+			Owner: fmt.Sprintf("redisson-%d-%d:%d", w.cfg.Process, w.cfg.Incarnation, worker)}
 		pauses, err := w.checker.HGet(ctx, "soak:procs", fmt.Sprintf("pauses:%d", w.cfg.Process)).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			w.noteError("checker", err)
 			continue
 		}
 		lockCtx, cancel := context.WithTimeout(ctx, soakWait)
-		token, acquired, err := redisson.fencedLock(lockCtx)
+		token, acquired, err := redisson.FencedLock(lockCtx)
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
@@ -659,7 +659,7 @@ func (w *soakWorker) runRedisson(ctx context.Context, rdb *redis.Client, worker 
 		// The lease is fixed: work only while it surely lasts.
 		valid := func() bool { return time.Since(acquired) < soakLease*9/10 }
 		w.enter(token, valid, false, name, holder, pauses, 1+r.IntN(3))
-		if _, err := redisson.unlock(context.Background()); err != nil {
+		if _, err := redisson.Unlock(context.Background()); err != nil {
 			w.noteError("redisson unlock", err)
 		}
 	}

@@ -2,15 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/lockwarden/lockwarden/internal/redistest"
 	lw "github.com/lockwarden/lockwarden/pkg/redislock"
-	"github.com/redis/go-redis/v9"
 )
 
 // The mixed fleet: lockwarden clients and clients running Redisson's own
@@ -28,56 +27,9 @@ type mixedResult struct {
 	firstErr         string
 }
 
-// Redisson's RedissonLock tryLockInnerAsync and unlockInnerAsync, as the
-// package's interop tests run them.
-var (
-	redissonTryLock = redis.NewScript(`if ((redis.call('exists', KEYS[1]) == 0) ` +
-		`or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then ` +
-		`redis.call('hincrby', KEYS[1], ARGV[2], 1); ` +
-		`redis.call('pexpire', KEYS[1], ARGV[1]); ` +
-		`return nil; ` +
-		`end; ` +
-		`return redis.call('pttl', KEYS[1]);`)
-	redissonUnlock = redis.NewScript(`if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then ` +
-		`return nil;` +
-		`end; ` +
-		`local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); ` +
-		`if (counter > 0) then ` +
-		`redis.call('pexpire', KEYS[1], ARGV[2]); ` +
-		`return 0; ` +
-		`else ` +
-		`redis.call('del', KEYS[1]); ` +
-		`redis.call('publish', KEYS[2], ARGV[1]); ` +
-		`return 1; ` +
-		`end; ` +
-		`return nil;`)
-)
-
-// redissonLock waits as Redisson's RLock.lock does: subscribed to the
-// lock's channel, it tries on every message, or when the holder's lease
-// would run out.
-func redissonLock(ctx context.Context, rdb *redis.Client, sub *redis.PubSub, name, owner string, lease time.Duration) error {
-	for {
-		ttl, err := redissonTryLock.Run(ctx, rdb, []string{name}, lease.Milliseconds(), owner).Int64()
-		if errors.Is(err, redis.Nil) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		waitCtx, cancel := context.WithTimeout(ctx, max(time.Duration(ttl)*time.Millisecond, time.Millisecond))
-		_, _ = sub.ReceiveMessage(waitCtx)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
-}
-
 func runMixed(ctx context.Context, cfg config, addr string) (*mixedResult, error) {
 	const perSide = 4
 	name := "lockbench:mixed"
-	channel := "redisson_lock__channel:{" + name + "}"
 	res := &mixedResult{perSide: perSide, burners: runtime.NumCPU(), window: cfg.mixed}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -155,22 +107,22 @@ func runMixed(ctx context.Context, cfg config, addr string) (*mixedResult, error
 
 		rrdb := newRedisClient(addr, nil)
 		defer rrdb.Close()
-		sub := rrdb.Subscribe(ctx, channel)
-		defer sub.Close()
-		if _, err := sub.Receive(ctx); err != nil {
+		redisson := &redistest.Redisson{RDB: rrdb, Name: name, Owner: fmt.Sprintf("0b7e3c11-9d2a-4c5e-8f1b-redisson%04d:1", i), Lease: peerTTL}
+		sub, err := redisson.Subscribe(ctx)
+		if err != nil {
 			return nil, err
 		}
-		owner := fmt.Sprintf("0b7e3c11-9d2a-4c5e-8f1b-redisson%04d:1", i)
+		defer sub.Close()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for runCtx.Err() == nil {
-				if err := redissonLock(runCtx, rrdb, sub, name, owner, peerTTL); err != nil {
+				if err := redisson.LockOn(runCtx, sub); err != nil {
 					noteErr(fmt.Errorf("redisson lock: %w", err))
 					continue
 				}
 				critical(&theirs)
-				if err := redissonUnlock.Run(context.WithoutCancel(runCtx), rrdb, []string{name, channel}, "0", peerTTL.Milliseconds(), owner).Err(); err != nil && !errors.Is(err, redis.Nil) {
+				if _, err := redisson.Unlock(context.WithoutCancel(runCtx)); err != nil {
 					noteErr(fmt.Errorf("redisson unlock: %w", err))
 				}
 				pause(cfg.think)

@@ -1,5 +1,6 @@
 -- acquire: take the lock for an owner, re-enter it, or queue the call.
--- KEYS: see lib.lua.
+-- KEYS: see lib.lua. (The uncontended Lock of an owner of its own first
+-- tries take.lua, which is cheaper to call.)
 --
 -- ARGV[1] owner ID
 -- ARGV[2] the call's ticket: the same for every request of one Lock call
@@ -25,24 +26,6 @@
 -- waiter does not refresh it (-1 otherwise).
 local owner, ticket, terms = ARGV[1], ARGV[2], ARGV[4]
 local lease = string.match(terms, '^(%d+)')
-
--- The uncontended case: a free lock, nobody queued, no call remembered (see
--- take.lua, which is the same but cheaper to call).
-if redis.call('exists', KEYS[1], KEYS[4], KEYS[6]) == 0 then
-  local token = ARGV[3]
-  local last = redis.call('set', KEYS[3], token, 'get')
-  if last and (#last > #token or #last == #token and last >= token) and tonumber(last) then
-    token = string.format('%d', tonumber(last) + 1)
-    redis.call('set', KEYS[3], token)
-  end
-  if ticket == owner then
-    redis.call('hset', KEYS[1], owner, '1', '~t', token .. ' ' .. terms)
-  else
-    redis.call('hset', KEYS[1], owner, '1', '~t', token .. ' ' .. terms, '~h' .. ticket, '1')
-  end
-  redis.call('pexpire', KEYS[1], lease)
-  return tonumber(token)
-end
 
 -- @lib
 use_clock(ARGV[3])
