@@ -27,10 +27,7 @@ func testHandOver(t *testing.T, b backend) {
 	// hand-over's notice.
 	opts := redislock.Options{RetryFallback: time.Minute}
 	holderClient := newClient(t, b.newRedis(t), opts)
-	waiterRedis := b.newRedis(t)
-	evals := &evalCounter{}
-	waiterRedis.AddHook(evals)
-	waiterClient := newClient(t, waiterRedis, opts)
+	waiterClient, evals := countedClient(t, b, opts)
 	name := lockName(t)
 	holder := newMutex(t, holderClient, name, nil)
 	waiter := newMutex(t, waiterClient, name, nil)
@@ -290,6 +287,14 @@ func wantStillHolding(t *testing.T, c *redislock.Client, l *redislock.Hold, minT
 	if err := l.Err(); err != nil {
 		t.Fatalf("lease ended: %v", err)
 	}
+}
+
+// countedClient returns a Client whose lock script calls are counted.
+func countedClient(t *testing.T, b backend, opts redislock.Options) (*redislock.Client, *evalCounter) {
+	rdb := b.newRedis(t)
+	evals := &evalCounter{}
+	rdb.AddHook(evals)
+	return newClient(t, rdb, opts), evals
 }
 
 // evalCounter is a go-redis hook that counts the lock scripts' calls.

@@ -553,10 +553,7 @@ func TestCase11APlainListenerDoesNotDisableTheHandOver(t *testing.T) {
 
 			opts := redislock.Options{RetryFallback: time.Minute}
 			holderClient := newClient(t, b.newRedis(t), opts)
-			waiterRedis := b.newRedis(t)
-			evals := &evalCounter{}
-			waiterRedis.AddHook(evals)
-			waiterClient := newClient(t, waiterRedis, opts)
+			waiterClient, evals := countedClient(t, b, opts)
 			holder, waiter := newMutex(t, holderClient, name, nil), newMutex(t, waiterClient, name, nil)
 			const handOvers = 20
 			extra := int64(0)

@@ -76,14 +76,16 @@ func keysFor(name string) lockKeys {
 	k.all = []string{name, k.channel, tokenPrefix + tag, queuePrefix + tag, queueEntryPrefix + tag, donePrefix + tag}
 	// The key count as a string: go-redis reads it to route a Cluster
 	// command, and would format a number.
-	k.keyArgs = []any{"6"}
-	for _, key := range k.all {
-		k.keyArgs = append(k.keyArgs, key)
+	k.keyArgs = make([]any, 1+len(k.all))
+	k.keyArgs[0] = "6"
+	for i, key := range k.all {
+		k.keyArgs[1+i] = key
 	}
-	k.nameArg = name
+	// The other lists share keyArgs' boxed keys.
+	k.nameArg = k.keyArgs[1]
 	k.nameArgs = []any{"1", k.nameArg}
-	k.takeArgs = []any{"4", k.nameArg, k.all[2], k.all[3], k.all[5]}
-	k.unlockArgs = []any{"2", k.nameArg, k.all[1]}
+	k.takeArgs = []any{"4", k.nameArg, k.keyArgs[3], k.keyArgs[4], k.keyArgs[6]}
+	k.unlockArgs = []any{"2", k.nameArg, k.keyArgs[2]}
 	return k
 }
 
