@@ -319,10 +319,12 @@ type heldRef struct {
 // WithHold returns a context that carries h, so that a Lock of h's lock made
 // with it re-enters h's ownership at once, with its fencing token, on any
 // goroutine and through any Mutex or Client of that lock, and returns a
-// Hold of its own. Locks of other names are unaffected: each acts for an
-// owner of its own, unless the context carries a hold of that lock too.
-// Calls that share a context share its holds: give goroutines that must
-// exclude each other contexts without the hold.
+// Hold of its own. If h's ownership has ended, such a Lock takes the lock
+// anew for h's owner, with a new token, like any Lock of that owner. Locks
+// of other names are unaffected: each acts for an owner of its own, unless
+// the context carries a hold of that lock too. Calls that share a context
+// share its holds: give goroutines that must exclude each other contexts
+// without the hold.
 func WithHold(ctx context.Context, h *Hold) context.Context {
 	next, _ := ctx.Value(heldKey{}).(*heldRef)
 	return context.WithValue(ctx, heldKey{}, &heldRef{name: h.Name(), owner: h.Owner(), next: next})
