@@ -70,3 +70,21 @@ func TestWaitingPodsAreToldWhereTheyStand(t *testing.T) {
 		return eventMessage(t, ns, "both", "Queued") == "Waiting for "+ns+"/second: place 1 of 1"
 	})
 }
+
+// A renamed or deleted lock leaves the pods behind its gate waiting for
+// ever: they are told so (issue 22), while the lock waits for its holder,
+// and once it is gone.
+func TestPodsBehindADeletedLockAreTold(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	run1 := createPod(t, ns, "run-1", "job", gatedBy("singleton"))
+	createPod(t, ns, "run-2", "job", gatedBy("singleton"))
+	lock := createLock(t, ns, "singleton", "job")
+	eventually(t, "run-1 to be granted", func() bool { return holds(t, lockKey(lock), run1) })
+	deleteLock(t, lock)
+	eventually(t, "run-2 to be told the lock is being deleted", func() bool { return eventOn(t, ns, "Pod", "run-2", "LockDeleting") })
+	setContainers(t, run1, corev1.PodSucceeded, exited(0))
+	eventually(t, "run-2 to be told the lock is gone", func() bool {
+		return lockGone(t, lock) && eventOn(t, ns, "Pod", "run-2", "LockNotFound")
+	})
+}
