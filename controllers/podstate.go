@@ -168,15 +168,8 @@ func stopTime(pod *corev1.Pod) time.Time {
 	return latest
 }
 
-// ourGates and foreignGates split the pod's scheduling gates into
-// lockwarden's (by lock name) and everyone else's.
+// ourGates splits the pod's scheduling gates into lockwarden's (by lock
+// name) and everyone else's.
 func ourGates(pod *corev1.Pod) (locks []string, foreign []string) {
-	for _, g := range pod.Spec.SchedulingGates {
-		if name, ok := strings.CutPrefix(g.Name, locksv1.GatePrefix); ok {
-			locks = append(locks, name)
-		} else {
-			foreign = append(foreign, g.Name)
-		}
-	}
-	return locks, foreign
+	return locksv1.SplitGates(pod.Spec.SchedulingGates)
 }

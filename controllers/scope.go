@@ -291,15 +291,9 @@ func (s *scope) reread(ctx context.Context) error {
 	return nil
 }
 
-// locksIn are the scope's locks in the namespace.
+// locksIn are the scope's live locks in the namespace.
 func (s *scope) locksIn(namespace string) []*locksv1.DistributedLock {
-	var out []*locksv1.DistributedLock
-	for _, l := range s.locks {
-		if l.Namespace == namespace {
-			out = append(out, l)
-		}
-	}
-	return out
+	return inNamespace(s.locks, namespace)
 }
 
 // selectors are the scope's locks that select the pod.
@@ -315,8 +309,13 @@ func (s *scope) selectors(pod *corev1.Pod) []*locksv1.DistributedLock {
 
 // deletingIn are the scope's locks in the namespace being deleted.
 func (s *scope) deletingIn(namespace string) []*locksv1.DistributedLock {
+	return inNamespace(s.deleting, namespace)
+}
+
+// inNamespace are the locks of the namespace.
+func inNamespace(locks []*locksv1.DistributedLock, namespace string) []*locksv1.DistributedLock {
 	var out []*locksv1.DistributedLock
-	for _, l := range s.deleting {
+	for _, l := range locks {
 		if l.Namespace == namespace {
 			out = append(out, l)
 		}

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -66,6 +67,19 @@ func NamedLocks(labels, annotations map[string]string) []string {
 	}
 	add(labels[LockLabel])
 	return names
+}
+
+// SplitGates splits a pod's scheduling gates into lockwarden's, by lock
+// name, and other controllers'.
+func SplitGates(gates []corev1.PodSchedulingGate) (locks, foreign []string) {
+	for _, g := range gates {
+		if name, ok := strings.CutPrefix(g.Name, GatePrefix); ok {
+			locks = append(locks, name)
+		} else {
+			foreign = append(foreign, g.Name)
+		}
+	}
+	return locks, foreign
 }
 
 // GateFor is the scheduling gate by which a pod waits for the lock.
