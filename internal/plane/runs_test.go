@@ -73,7 +73,7 @@ func TestRunsAndBusy(t *testing.T) {
 // A log no kubelet could write is refused, not read as something else.
 func TestRunsRefusesImpossibleLogs(t *testing.T) {
 	for name, lines := range map[string][]string{
-		"stop without start": {"2026-01-01T00:00:01Z stop work 0"},
+		"stop without start":  {"2026-01-01T00:00:01Z stop work 0"},
 		"start while running": {"2026-01-01T00:00:01Z start work", "2026-01-01T00:00:02Z start work"},
 		"stop before start":   {"2026-01-01T00:00:02Z start work", "2026-01-01T00:00:01Z stop work 0"},
 		"bad time":            {"yesterday start work"},
