@@ -255,17 +255,17 @@ func span(iv plane.Interval) string {
 func tokenRegressions(runs []podRun) []string {
 	var out []string
 	var highest int64
-	var highestPod string
+	var before podRun
 	for _, r := range runs {
 		if len(r.tokens) == 0 {
 			continue
 		}
 		if low := r.tokens[0]; low <= highest {
-			out = append(out, fmt.Sprintf("%s, which started at %s, was marked with token %d, not above %d of %s, which started before it",
-				r.pod, r.start().Format("15:04:05.000000"), low, highest, highestPod))
+			out = append(out, fmt.Sprintf("%s, which started at %s, was marked with token %d, not above token %d of %s, which started at %s",
+				r.pod, r.start().Format("15:04:05.000000"), low, highest, before.pod, before.start().Format("15:04:05.000000")))
 		}
 		if high := r.tokens[len(r.tokens)-1]; high > highest {
-			highest, highestPod = high, r.pod
+			highest, before = high, r
 		}
 	}
 	return out
