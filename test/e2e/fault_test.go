@@ -7,14 +7,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,7 +30,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -142,12 +136,12 @@ type faultRun struct {
 	armed    atomic.Bool
 	midGrant chan midGrantHit
 
-	// stopping is set at the end, when replicas that exit stay down;
 	// restarts are the restarts of replicas that exited by themselves.
-	stopping atomic.Bool
 	restarts sync.WaitGroup
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// stopping is set at the end, when replicas that exit stay down.
+	stopping bool
 	counts   map[string]int
 	pending  sync.WaitGroup // lock re-creations in flight
 	deleting map[lockRef]bool
@@ -285,7 +279,9 @@ func startFaultRun(t *testing.T, seed uint64) *faultRun {
 		}
 	}
 	t.Cleanup(func() {
-		f.stopping.Store(true)
+		f.mu.Lock()
+		f.stopping = true
+		f.mu.Unlock()
 		f.restarts.Wait()
 		for _, r := range f.replicas {
 			r.stop()
@@ -326,14 +322,8 @@ func startFaultRun(t *testing.T, seed uint64) *faultRun {
 
 func readRole(t *testing.T, file string) *rbacv1.Role {
 	t.Helper()
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
 	role := &rbacv1.Role{}
-	if err := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096).Decode(role); err != nil && !errors.Is(err, io.EOF) {
-		t.Fatalf("%s: %v", file, err)
-	}
+	decodeFile(t, file, role)
 	if role.Name == "" || len(role.Rules) == 0 {
 		t.Fatalf("%s: no Role", file)
 	}
@@ -676,17 +666,24 @@ func (f *faultRun) killLeader(rng *rand.Rand) {
 // itself, as its Deployment's kubelet would: controller-runtime exits when
 // it finds it lost the leadership, as a paused leader does once resumed.
 func (f *faultRun) restartExited(r *replica, err error) {
-	if f.stopping.Load() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopping {
 		return
 	}
 	f.restarts.Add(1)
-	defer f.restarts.Done()
-	f.count("replica-exited")
-	f.logf("replica %d exited by itself (%v); starting it again in 1s", r.idx, err)
-	time.Sleep(time.Second)
-	if !f.stopping.Load() {
-		f.restartReplica(r)
-	}
+	f.counts["replica-exited"]++
+	go func() {
+		defer f.restarts.Done()
+		f.logf("replica %d exited by itself (%v); starting it again in 1s", r.idx, err)
+		time.Sleep(time.Second)
+		f.mu.Lock()
+		stopping := f.stopping
+		f.mu.Unlock()
+		if !stopping {
+			f.restartReplica(r)
+		}
+	}()
 }
 
 func (f *faultRun) restartReplica(r *replica) {
@@ -741,15 +738,29 @@ func (f *faultRun) pauseLeaderMidGrant(rng *rand.Rand) {
 		return
 	}
 	r := f.replicas[hit.replica]
-	f.count("mid-grant-hit")
 	d := faultElectionLease + time.Duration(3000+rng.IntN(3000))*time.Millisecond
 	start := time.Now()
+	// A patch already on its way lands within milliseconds: after that,
+	// the pod's gate tells whether the pause came before the ungate.
+	time.Sleep(200 * time.Millisecond)
 	pod := f.podOfOwner(hit.owner)
-	name := "an unknown pod"
+	name, when := "a pod not found", "after a grant"
 	if pod != nil {
 		name = pod.Namespace + "/" + pod.Name
+		when = "too late: the pod was already ungated"
+		for _, g := range pod.Spec.SchedulingGates {
+			lock, ok := strings.CutPrefix(g.Name, locksv1.GatePrefix)
+			if key, known := lockKeys.Load(lockRef{pod.Namespace, lock}); ok && known && key == hit.key {
+				when = "mid-grant, before the ungate"
+			}
+		}
 	}
-	f.logf("paused replica %d mid-grant: it took %s for %s (%s); pause %v", r.idx, hit.key, name, hit.owner, d)
+	if strings.HasPrefix(when, "mid-grant") {
+		f.count("mid-grant-hit")
+	} else {
+		f.count("mid-grant-late")
+	}
+	f.logf("paused replica %d %s: it took %s for %s (%s); pause %v", r.idx, when, hit.key, name, hit.owner, d)
 	if rng.IntN(4) != 0 {
 		f.restartRedis()
 	}
@@ -1022,8 +1033,8 @@ type replica struct {
 	bin, kubeconfig, redisURL, log string
 	args                           []string
 	// exitedByItself, if set, is called when the process exits unasked
-	// (controller-runtime exits once it has lost the leadership), in a
-	// goroutine of its own.
+	// (controller-runtime exits once it has lost the leadership); it must
+	// not block.
 	exitedByItself func(r *replica, err error)
 
 	mu     sync.Mutex
@@ -1032,8 +1043,12 @@ type replica struct {
 	paused bool
 }
 
-const replicaWrapper = `mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io/serviceaccount && ` +
-	`printf %s "$LEASE_NAMESPACE" >/run/secrets/kubernetes.io/serviceaccount/namespace && hostname "$REPLICA" && exec "$@"`
+// replicaWrapper prepares the replica's namespaces, then execs the
+// manager: the process ID stays the manager's, for the signals.
+var replicaWrapper = []string{"unshare", "--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c",
+	`mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io/serviceaccount && ` +
+		`printf %s "$LEASE_NAMESPACE" >/run/secrets/kubernetes.io/serviceaccount/namespace && hostname "$REPLICA" && exec "$@"`,
+	"sh"}
 
 func (r *replica) start() error {
 	r.mu.Lock()
@@ -1041,66 +1056,9 @@ func (r *replica) start() error {
 		r.mu.Unlock()
 		return nil
 	}
-	cmd, exited, probe, err := r.spawn()
-	r.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case <-exited:
-			return fmt.Errorf("replica %d exited at start-up:\n%s", r.idx, tailFile(r.log, 40))
-		default:
-		}
-		if resp, err := hc.Get("http://" + probe + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			r.mu.Lock()
-			if r.cmd == cmd {
-				r.cmd = nil
-			}
-			r.mu.Unlock()
-			_ = cmd.Process.Kill()
-			return fmt.Errorf("replica %d not healthy within 30s:\n%s", r.idx, tailFile(r.log, 40))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// spawn starts the process; r.mu is held.
-func (r *replica) spawn() (*exec.Cmd, chan struct{}, string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, nil, "", err
-	}
-	probe := l.Addr().String()
-	l.Close()
-	log, err := os.OpenFile(r.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	defer log.Close()
-	args := append([]string{"--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c", replicaWrapper, "sh",
-		r.bin, "--kubeconfig", r.kubeconfig, "--metrics-bind-address", "0", "--health-probe-bind-address", probe}, r.args...)
-	cmd := exec.Command("unshare", args...)
-	cmd.Env = append(os.Environ(), "REDIS_URL="+r.redisURL, "LEASE_NAMESPACE="+faultLeaseNamespace, fmt.Sprintf("REPLICA=replica-%d", r.idx))
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, "", err
-	}
-	exited := make(chan struct{})
-	go func() {
-		err := cmd.Wait()
-		close(exited)
+	onExit := func(cmd *exec.Cmd, err error) {
 		r.mu.Lock()
-		unasked := r.cmd == cmd // kill and stop clear it first
+		unasked := r.cmd == cmd // end clears it first
 		if unasked {
 			r.cmd, r.paused = nil, false
 		}
@@ -1108,9 +1066,24 @@ func (r *replica) spawn() (*exec.Cmd, chan struct{}, string, error) {
 		if unasked && r.exitedByItself != nil {
 			r.exitedByItself(r, err)
 		}
-	}()
-	r.cmd, r.exited, r.paused = cmd, exited, false
-	return cmd, exited, probe, nil
+	}
+	cmd, exited, probe, err := spawnManager(replicaWrapper,
+		append([]string{r.bin, "--kubeconfig", r.kubeconfig}, r.args...),
+		[]string{"REDIS_URL=" + r.redisURL, "LEASE_NAMESPACE=" + faultLeaseNamespace, fmt.Sprintf("REPLICA=replica-%d", r.idx)},
+		r.log, onExit)
+	if err == nil {
+		r.cmd, r.exited, r.paused = cmd, exited, false
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// /healthz: /readyz needs Redis, which may be down.
+	if err := waitHealthy(context.Background(), "http://"+probe+"/healthz", exited, fmt.Sprintf("replica %d", r.idx), r.log); err != nil {
+		r.end(syscall.SIGKILL, 0)
+		return err
+	}
+	return nil
 }
 
 func (r *replica) alive() bool {
@@ -1144,32 +1117,28 @@ func (r *replica) resume() {
 }
 
 // kill kills the replica (SIGKILL), as a crash or an OOM kill would.
-func (r *replica) kill() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd == nil {
-		return
-	}
-	r.signal(syscall.SIGCONT)
-	r.signal(syscall.SIGKILL)
-	<-r.exited
-	r.cmd, r.paused = nil, false
-}
+func (r *replica) kill() { r.end(syscall.SIGKILL, 0) }
 
 // stop stops the replica gracefully; it releases its Lease.
-func (r *replica) stop() {
+func (r *replica) stop() { r.end(syscall.SIGTERM, 10*time.Second) }
+
+// end sends sig (after SIGCONT: a stopped process acts on nothing) and
+// waits for the replica to exit, killing it after grace.
+func (r *replica) end(sig syscall.Signal, grace time.Duration) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd == nil {
+	cmd, exited := r.cmd, r.exited
+	r.cmd, r.paused = nil, false // asked to end: not started again
+	r.mu.Unlock()
+	if cmd == nil {
 		return
 	}
-	r.signal(syscall.SIGCONT)
-	r.signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	_ = cmd.Process.Signal(sig)
 	select {
-	case <-r.exited:
-	case <-time.After(10 * time.Second):
-		r.signal(syscall.SIGKILL)
-		<-r.exited
+	case <-exited:
+		return
+	case <-time.After(grace):
 	}
-	r.cmd, r.paused = nil, false
+	_ = cmd.Process.Kill()
+	<-exited
 }

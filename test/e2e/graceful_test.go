@@ -16,12 +16,16 @@ import (
 )
 
 // startHolderAndWaiter starts a guarded pod that runs until deleted, with a
-// 5s grace period, waits for it to run, and queues a Job behind it.
-func startHolderAndWaiter(t *testing.T) (ns string, holder *corev1.Pod) {
+// 5s grace period (and what shape does to its template), waits for it to
+// run, and queues a Job behind it.
+func startHolderAndWaiter(t *testing.T, shape ...func(*corev1.PodTemplateSpec)) (ns string, holder *corev1.Pod) {
 	t.Helper()
 	ns = newLock(t, guarded)
 	tpl := guardedTemplate(guarded, 0, 5)
-	holder = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "holder", Namespace: ns, Labels: tpl.Labels}, Spec: tpl.Spec}
+	for _, f := range shape {
+		f(&tpl)
+	}
+	holder = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "holder", Namespace: ns, Labels: tpl.Labels, Annotations: tpl.Annotations}, Spec: tpl.Spec}
 	if _, err := clientset.CoreV1().Pods(ns).Create(context.Background(), holder, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

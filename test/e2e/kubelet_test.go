@@ -266,21 +266,12 @@ func TestJobWithSidecarRunsUntilSidecarStops(t *testing.T) {
 // sidecar stops, so the next candidate must wait that long.
 func TestDeletedHolderRunsUntilSidecarStops(t *testing.T) {
 	ctx := context.Background()
-	ns := newLock(t, guarded)
-	tpl := guardedTemplate(guarded, 0, 10)
-	tpl.Annotations[plane.StopDelayAnnotation] = "500ms"
-	tpl.Annotations[plane.SidecarStopDelayAnnotation] = "3s"
-	tpl.Spec.RestartPolicy = corev1.RestartPolicyAlways
-	tpl.Spec.InitContainers = []corev1.Container{{Name: "proxy", Image: "busybox", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
-	holder := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "holder", Namespace: ns, Labels: tpl.Labels, Annotations: tpl.Annotations}, Spec: tpl.Spec}
-	if _, err := clientset.CoreV1().Pods(ns).Create(ctx, holder, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitRunning(t, ns, guarded)
-	createJob(t, ns, "next", jobSpec(guarded, time.Second))
-	eventually(t, 10*time.Second, "Job next's pod gated", func() (bool, error) {
-		n, err := gatedPods(ns, guarded)
-		return n == 1, err
+	ns, holder := startHolderAndWaiter(t, func(tpl *corev1.PodTemplateSpec) {
+		tpl.Annotations[plane.StopDelayAnnotation] = "500ms"
+		tpl.Annotations[plane.SidecarStopDelayAnnotation] = "3s"
+		tpl.Spec.RestartPolicy = corev1.RestartPolicyAlways
+		tpl.Spec.TerminationGracePeriodSeconds = ptr.To[int64](10)
+		tpl.Spec.InitContainers = []corev1.Container{{Name: "proxy", Image: "busybox", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}
 	})
 	if err := clientset.CoreV1().Pods(ns).Delete(ctx, holder.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
