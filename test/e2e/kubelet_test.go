@@ -309,7 +309,8 @@ func TestForeignGateWaitsForItsRemoval(t *testing.T) {
 	if _, err := clientset.CoreV1().Pods(ns).Create(ctx, queued, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The controller has seen the queued pod, first of all candidates.
+	// The controller has seen the queued pod, first of all candidates: its
+	// status names it (as holder, waiting or blocked).
 	eventually(t, 30*time.Second, "the lock's status naming the queued pod", func() (bool, error) {
 		lock := &locksv1.DistributedLock{}
 		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: lockName}, lock); err != nil {
@@ -318,7 +319,8 @@ func TestForeignGateWaitsForItsRemoval(t *testing.T) {
 		if h := lock.Status.Holder; h != nil && h.PodName == queued.Name {
 			return true, nil
 		}
-		return slices.Contains(lock.Status.Waiting, queued.Name), nil
+		return slices.Contains(lock.Status.Waiting, queued.Name) ||
+			slices.ContainsFunc(lock.Status.Blocked, func(b locksv1.BlockedPod) bool { return b.PodName == queued.Name }), nil
 	})
 	stillQueued := func(when string) {
 		t.Helper()
