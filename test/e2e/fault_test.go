@@ -976,6 +976,18 @@ func (f *faultRun) check() {
 	if ran == 0 {
 		t.Errorf("no guarded pod ran: the run tested nothing")
 	}
+	// For the record, not the verdict: how often the replicas' logs say the
+	// API server refused a stale manager's fencing record or gate lift.
+	refused := 0
+	for _, r := range f.replicas {
+		data, _ := os.ReadFile(r.log)
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, "records a higher fencing token than") || strings.Contains(line, "the grant it comes from was replaced") {
+				refused++
+			}
+		}
+	}
+	t.Logf("the replicas' logs name %d refusals of a stale fencing record or gate lift", refused)
 }
 
 // describeLocks logs what the locks' status and Redis say, to tell why
