@@ -273,7 +273,7 @@ func tokenRegressions(runs []podRun) []string {
 
 // reported holds, per test, the violations already reported, so the check
 // at a test's end does not repeat what the test itself checked.
-var reported sync.Map // test name + violation -> struct{}
+var reported sync.Map // test (its address) + violation -> struct{}
 
 // checkKey is the shared check of the guard's promise: it fails the test
 // on any two pods guarded by key whose runs, as kwok stamped them,
@@ -284,7 +284,7 @@ func checkKey(t testing.TB, key string) []podRun {
 	runs := pods.keyRuns(t, key)
 	t.Logf("runs of key %s: %s", key, describeRuns(runs))
 	for _, v := range overlaps(runs) {
-		if _, dup := reported.LoadOrStore(t.Name()+"\x00"+v, struct{}{}); !dup {
+		if _, dup := reported.LoadOrStore(fmt.Sprintf("%p\x00%s", t, v), struct{}{}); !dup {
 			t.Errorf("two guarded pods of key %s ran at once: %s", key, v)
 		}
 	}
@@ -294,7 +294,7 @@ func checkKey(t testing.TB, key string) []podRun {
 // guardKey makes the test end with checkKey for key, once per test and key.
 func guardKey(t testing.TB, key string) {
 	t.Helper()
-	if _, dup := reported.LoadOrStore(t.Name()+"\x00guard "+key, struct{}{}); dup {
+	if _, dup := reported.LoadOrStore(fmt.Sprintf("%p\x00guard %s", t, key), struct{}{}); dup {
 		return
 	}
 	t.Cleanup(func() { checkKey(t, key) })
