@@ -349,7 +349,7 @@ func (f *faultRun) createLock(l faultLock) {
 		Spec: locksv1.DistributedLockSpec{
 			Key:           l.key,
 			LeaseDuration: &metav1.Duration{Duration: faultLockLease},
-			Candidates:    allPods(l.ref),
+			Candidates:    ptr.To(allPods(l.ref)),
 		},
 	}
 	if l.key == l.ref.namespace+"/"+l.ref.name {
@@ -565,7 +565,7 @@ func (f *faultRun) setSelector(ref lockRef, sel locksv1.PodSelector) {
 		return
 	}
 	before := lock.DeepCopy()
-	lock.Spec.Candidates = sel
+	lock.Spec.Candidates = &sel
 	err := f.k8s.Patch(ctx, lock, client.MergeFrom(before))
 	f.count("edit-selector")
 	f.logf("selector of %s/%s: %v: %v", ref.namespace, ref.name, sel.MatchLabels, err)
