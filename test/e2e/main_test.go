@@ -111,7 +111,7 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	// The admission policies an install ships (config/default has them):
-	// the API server refuses a stale manager's lift of a gate.
+	// among them, the API server refuses a stale manager's lift of a gate.
 	if err := kubectl("apply", "-k", filepath.Join("config", "admission")); err != nil {
 		return fail(err)
 	}
