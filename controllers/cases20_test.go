@@ -72,6 +72,13 @@ func restarted(cs *corev1.ContainerStatus, code int32) {
 	cs.RestartCount++
 }
 
+// afterThisSecond waits for the next second: a container that exits then
+// exited after whatever happened in this one, to the second the API keeps
+// times to.
+func afterThisSecond() {
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+}
+
 // eventOn reports whether an Event with the reason was recorded on the
 // object of the kind and name.
 func eventOn(t *testing.T, ns, kind, name, reason string) bool {
@@ -464,6 +471,7 @@ func TestASidecarStillRunningKeepsTheLock(t *testing.T) {
 	if err := k8s.Delete(context.Background(), run1); err != nil {
 		t.Fatal(err)
 	}
+	afterThisSecond()
 	setStatus(t, run1, func(st *corev1.PodStatus) { st.ContainerStatuses[0].State = exited(0) })
 	settle()
 	if !gatedWith(getPod(t, run2), gateFor("singleton")) || !holds(t, key, run1) {

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -52,12 +51,16 @@ func stopped(pod *corev1.Pod) bool {
 }
 
 // terminatedSince reports whether every container has a terminated status
-// that ended at or after the instant, to the second the API keeps. A
-// container without a status has not been reported on, so it may run.
+// that ended after the instant. The API keeps both to the second, so an end
+// in the same second as the instant may have come before it, and does not
+// count: a container that exited just before the deletion was asked for,
+// on a node since cut off, may have been restarted there. A container
+// without a status has not been reported on, so it may run.
 func terminatedSince(instant time.Time, containers []corev1.Container, statuses []corev1.ContainerStatus) bool {
+	after := instant.Truncate(time.Second).Add(time.Second)
 	for _, c := range containers {
 		cs := statusOf(c.Name, statuses)
-		if cs == nil || cs.State.Terminated == nil || cs.State.Terminated.FinishedAt.Before(&metav1.Time{Time: instant.Truncate(time.Second)}) {
+		if cs == nil || cs.State.Terminated == nil || cs.State.Terminated.FinishedAt.Time.Before(after) {
 			return false
 		}
 	}
