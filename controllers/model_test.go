@@ -104,7 +104,29 @@ func TestModel(t *testing.T) {
 				w.check(what)
 			}
 			t.Logf("%d steps in %v: %v", mine, time.Since(start).Round(time.Millisecond), w.counts)
+			w.checkCoverage(mine)
 		})
+	}
+}
+
+// checkCoverage fails a run long enough to have played, but that did not
+// play, what the model is for: a controller that grants nothing, or a
+// model that no longer restarts guarded pods' containers, would otherwise
+// pass.
+func (w *world) checkCoverage(steps int) {
+	if steps < 1000 {
+		return
+	}
+	if lifts := w.counts["(a gate lifted)"]; lifts < steps/20 {
+		w.t.Errorf("%d steps lifted %d gates, fewer than one every 20 steps", steps, lifts)
+	}
+	for _, what := range []string{
+		"(a guarded pod's container restarted in place)", "(a guarded pod's sidecar started)",
+		"(a guarded pod's node lost)", "(an older kubelet left a terminated pod Running)",
+	} {
+		if w.counts[what] == 0 {
+			w.t.Errorf("%d steps never played %s", steps, what)
+		}
 	}
 }
 
@@ -125,8 +147,9 @@ type world struct {
 	// stepNo and what name the step being played, for failure messages.
 	stepNo int
 	what   string
-	// mpods are the model's pods not yet gone, oldest first; byUID finds
-	// them, and gone names the pods that are gone.
+	// mpods are the model's pods, oldest first, until the check after
+	// they are gone; byUID finds them, and gone names the pods that are
+	// gone.
 	mpods []*modelPod
 	byUID map[types.UID]*modelPod
 	gone  map[types.UID]string
@@ -362,6 +385,9 @@ func (w *world) step() string {
 			} else {
 				c.start(since())
 				w.note(p, "container %s restarted (restart %d)", c.name, c.restarts)
+				if len(p.guarded) > 0 {
+					w.counts["(a guarded pod's container restarted in place)"]++
+				}
 				w.checkExclusive()
 			}
 			w.react(p)
@@ -420,6 +446,9 @@ func (w *world) step() string {
 				if q.node == node && !q.gone {
 					q.lost = true
 					w.note(q, "node %s lost", node)
+					if len(q.guarded) > 0 && q.running() {
+						w.counts["(a guarded pod's node lost)"]++
+					}
 				}
 			}
 			return true
@@ -617,6 +646,9 @@ func (w *world) startContainers(p *modelPod) {
 	for _, c := range p.startable() {
 		c.start(now)
 		w.note(p, "container %s started", c.name)
+		if c.kind == sidecarKind && len(p.guarded) > 0 {
+			w.counts["(a guarded pod's sidecar started)"]++
+		}
 	}
 	w.checkExclusive()
 }
@@ -697,6 +729,9 @@ func (w *world) report(p *modelPod) {
 		w.t.Fatalf("step %d: the kubelet's status of %s was refused: %v\n%s", w.stepNo, p.name, err, p.describe())
 	}
 	w.expect.wrote(latest)
+	if p.terminal && p.deleting && p.oldKubelet && st.Phase == corev1.PodRunning {
+		w.counts["(an older kubelet left a terminated pod Running)"]++
+	}
 	if st.Phase != p.phase {
 		w.note(p, "reported phase %s", st.Phase)
 	}
@@ -712,14 +747,15 @@ func (w *world) report(p *modelPod) {
 func (w *world) deletePod(p *modelPod) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name, UID: p.uid}}
 	w.must(k8s.Delete(w.ctx, pod))
-	w.expect.deleted(pod)
 	latest := &corev1.Pod{}
 	if err := k8s.Get(w.ctx, client.ObjectKeyFromObject(pod), latest); apierrors.IsNotFound(err) {
+		w.expect.removed(pod)
 		w.setGone(p, "deleted: removed at once")
 		return
 	} else if err != nil {
 		w.t.Fatal(err)
 	}
+	w.expect.deleted(pod)
 	p.deleting = true
 	w.note(p, "deleted with grace")
 	w.react(p)
@@ -728,7 +764,7 @@ func (w *world) deletePod(p *modelPod) {
 func (w *world) forceDelete(p *modelPod, why string) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name, UID: p.uid}}
 	w.must(client.IgnoreNotFound(k8s.Delete(w.ctx, pod, client.GracePeriodSeconds(0))))
-	w.expect.deleted(pod)
+	w.expect.removed(pod)
 	w.setGone(p, why)
 }
 
@@ -887,12 +923,14 @@ func (w *world) verifyCache() {
 
 // expectations are the writes the cache must show: a resourceVersion at
 // least as new as the write's, or, after a delete, the object gone or
-// terminating.
+// terminating, or, after a removal, gone.
 type expectations struct {
 	mu      sync.Mutex
 	minRV   map[expectKey]uint64
 	present map[expectKey]bool // created by the test: must be in the cache
-	gone    map[expectKey]bool
+	// gone are the deleted objects: true if they must be gone, false if
+	// they may be terminating.
+	gone map[expectKey]bool
 }
 
 type expectKey struct {
@@ -935,10 +973,16 @@ func (e *expectations) created(obj client.Object) {
 	}
 }
 
-func (e *expectations) deleted(obj client.Object) {
+// deleted records a delete: the object is gone, or terminating.
+func (e *expectations) deleted(obj client.Object) { e.deletedAs(obj, false) }
+
+// removed records a delete that removed the object.
+func (e *expectations) removed(obj client.Object) { e.deletedAs(obj, true) }
+
+func (e *expectations) deletedAs(obj client.Object, removed bool) {
 	if k, ok := keyOf(obj); ok {
 		e.mu.Lock()
-		e.gone[k] = true
+		e.gone[k] = e.gone[k] || removed
 		delete(e.present, k)
 		e.mu.Unlock()
 	}
@@ -970,8 +1014,8 @@ func (e *expectations) met(ctx context.Context, cache client.Reader) bool {
 		delete(e.minRV, k)
 		delete(e.present, k)
 	}
-	for k := range e.gone {
-		if obj, found := get(k); found && obj.GetDeletionTimestamp() == nil {
+	for k, removed := range e.gone {
+		if obj, found := get(k); found && (removed || obj.GetDeletionTimestamp() == nil) {
 			return false
 		}
 		delete(e.gone, k)
@@ -1162,6 +1206,7 @@ func (w *world) checkOnce() (inconsistent string) {
 			}
 			p.guarded[name] = l.key
 			w.note(p, "gate of %s lifted: a guarded pod of %s", name, l.key)
+			w.counts["(a gate lifted)"]++
 		}
 	}
 	// Invariant 1, after the step.
