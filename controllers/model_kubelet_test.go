@@ -24,9 +24,10 @@ import (
 // pkg/kubelet/status/status_manager.go: TerminatePod), with the feature
 // ContainerRestartRules on, as it is by default since v1.35:
 //   - a container that exits under restartPolicy Always, or with a non-zero
-//     code under OnFailure, is restarted in the same pod: its status shows it
-//     Terminated, then Waiting (CrashLoopBackOff) with its last termination,
-//     then Running with restartCount + 1, and the phase stays Running;
+//     code under OnFailure, is restarted in the same pod: until then its
+//     status shows it Terminated, or Waiting (CrashLoopBackOff) with its last
+//     termination, then Running with restartCount + 1; the phase stays
+//     Running throughout;
 //   - a native sidecar (an init container with restartPolicy Always) starts
 //     before the next init container and the app containers, is restarted
 //     whenever it exits, and is stopped once the app containers are done for

@@ -279,40 +279,34 @@ func (w *world) lockNamed(ns, name string) *modelLock {
 // last settled.
 func (w *world) pods() []corev1.Pod { return w.podsNow }
 
-// pickPod is a random model pod that ok accepts, or nil.
-func (w *world) pickPod(ok func(*modelPod) bool) *modelPod {
-	var matching []*modelPod
-	for _, p := range w.mpods {
-		if !p.gone && ok(p) {
-			matching = append(matching, p)
-		}
-	}
-	if len(matching) == 0 {
-		return nil
-	}
-	return matching[w.rng.IntN(len(matching))]
-}
-
-// pickContainer is a random container of a random model pod that ok
-// accepts, or nil.
-func (w *world) pickContainer(ok func(*modelPod, *modelContainer) bool) (*modelPod, *modelContainer) {
-	type pc struct {
-		p *modelPod
-		c *modelContainer
-	}
-	var matching []pc
-	for _, p := range w.mpods {
-		for _, c := range p.cs {
-			if !p.gone && ok(p, c) {
-				matching = append(matching, pc{p, c})
+// onPod is an event that plays act on a random model pod that ok accepts,
+// and reports false if there is none.
+func (w *world) onPod(ok func(*modelPod) bool, act func(*modelPod)) func() bool {
+	return func() bool {
+		var matching []*modelPod
+		for _, p := range w.mpods {
+			if !p.gone && ok(p) {
+				matching = append(matching, p)
 			}
 		}
+		if len(matching) == 0 {
+			return false
+		}
+		act(matching[w.rng.IntN(len(matching))])
+		return true
 	}
-	if len(matching) == 0 {
-		return nil, nil
-	}
-	m := matching[w.rng.IntN(len(matching))]
-	return m.p, m.c
+}
+
+// onContainer is an event that plays act on a random container that ok
+// accepts, of a random model pod that has one.
+func (w *world) onContainer(ok func(*modelPod, *modelContainer) bool, act func(*modelPod, *modelContainer)) func() bool {
+	return w.onPod(func(p *modelPod) bool {
+		return slices.ContainsFunc(p.cs, func(c *modelContainer) bool { return ok(p, c) })
+	},
+		func(p *modelPod) {
+			cs := slices.DeleteFunc(slices.Clone(p.cs), func(c *modelContainer) bool { return !ok(p, c) })
+			act(p, cs[w.rng.IntN(len(cs))])
+		})
 }
 
 func (w *world) note(p *modelPod, format string, args ...any) { p.note(w.stepNo, format, args...) }
@@ -330,14 +324,7 @@ func (w *world) step() string {
 	}
 	events := []event{
 		{14, "create pod", func() bool { return w.createPod(pods) }},
-		{4, "admission controller lifts its gate", func() bool {
-			p := w.pickPod(func(p *modelPod) bool { return p.foreign && !p.deleting })
-			if p == nil {
-				return false
-			}
-			w.liftForeignGate(p)
-			return true
-		}},
+		{4, "admission controller lifts its gate", w.onPod(func(p *modelPod) bool { return p.foreign && !p.deleting }, w.liftForeignGate)},
 		{12, "scheduler binds a pod with no gate left", func() bool {
 			var free []*modelPod
 			for i := range pods {
@@ -352,131 +339,57 @@ func (w *world) step() string {
 			w.bind(free[w.rng.IntN(len(free))])
 			return true
 		}},
-		{10, "kubelet starts containers", func() bool {
-			p := w.pickPod(func(p *modelPod) bool { return len(p.startable()) > 0 })
-			if p == nil {
-				return false
-			}
-			w.startContainers(p)
-			return true
-		}},
-		{14, "a container exits", func() bool {
-			p, c := w.pickContainer(func(p *modelPod, c *modelContainer) bool { return !p.lost && c.state == isRunning })
-			if p == nil {
-				return false
-			}
-			code := w.exitCode()
-			c.exit(code, since())
-			w.note(p, "container %s exits %d", c.name, code)
-			if p.awaitsRestart(c) && w.rng.IntN(3) == 0 {
-				c.state = backOff
-			}
-			w.react(p)
-			return true
-		}},
-		{10, "kubelet restarts a container in place", func() bool {
-			p, c := w.pickContainer(func(p *modelPod, c *modelContainer) bool { return p.awaitsRestart(c) })
-			if p == nil {
-				return false
-			}
-			if c.state == hasExited && w.rng.IntN(2) == 0 {
-				c.state = backOff
-				w.note(p, "container %s backs off", c.name)
-			} else {
-				c.start(since())
-				w.note(p, "container %s restarted (restart %d)", c.name, c.restarts)
-				if len(p.guarded) > 0 {
-					w.counts["(a guarded pod's container restarted in place)"]++
+		{10, "kubelet starts containers", w.onPod(func(p *modelPod) bool { return len(p.startable()) > 0 }, w.startContainers)},
+		{14, "a container exits", w.onContainer(func(p *modelPod, c *modelContainer) bool { return !p.lost && c.state == isRunning },
+			func(p *modelPod, c *modelContainer) {
+				code := w.exitCode()
+				c.exit(code, since())
+				w.note(p, "container %s exits %d", c.name, code)
+				if p.awaitsRestart(c) && w.rng.IntN(3) == 0 {
+					c.state = backOff
 				}
-				w.checkExclusive()
-			}
-			w.react(p)
-			return true
-		}},
-		{4, "kubelet stops the sidecars of a finished pod", func() bool {
-			p := w.pickPod(func(p *modelPod) bool {
-				return !p.lost && !p.terminal && !p.deleting && p.finishing() && len(p.runningContainers()) > 0
-			})
-			if p == nil {
-				return false
-			}
+				w.react(p)
+			})},
+		{10, "kubelet restarts a container in place", w.onContainer(func(p *modelPod, c *modelContainer) bool { return p.awaitsRestart(c) },
+			func(p *modelPod, c *modelContainer) {
+				if c.state == hasExited && w.rng.IntN(2) == 0 {
+					c.state = backOff
+					w.note(p, "container %s backs off", c.name)
+				} else {
+					c.start(since())
+					w.note(p, "container %s restarted (restart %d)", c.name, c.restarts)
+					if len(p.guarded) > 0 {
+						w.counts["(a guarded pod's container restarted in place)"]++
+					}
+					w.checkExclusive()
+				}
+				w.react(p)
+			})},
+		{4, "kubelet stops the sidecars of a finished pod", w.onPod(func(p *modelPod) bool {
+			return !p.lost && !p.terminal && !p.deleting && p.finishing() && len(p.runningContainers()) > 0
+		}, func(p *modelPod) {
 			w.kill(p, true)
 			w.react(p)
-			return true
-		}},
-		{10, "delete with grace", func() bool {
-			// Mostly running pods on a node, whose deletion is graceful:
-			// the path where a holder runs on after its deletion.
-			bound := w.rng.IntN(4) > 0
-			p := w.pickPod(func(p *modelPod) bool { return !p.deleting && (p.node != "" && !p.terminal) == bound })
-			if p == nil {
-				return false
-			}
-			w.deletePod(p)
-			return true
-		}},
-		{6, "grace period ends: kubelet kills the containers", func() bool {
-			p := w.pickPod(func(p *modelPod) bool { return p.deleting && !p.lost && !p.terminal })
-			if p == nil {
-				return false
-			}
+		})},
+		// Mostly running pods on a node, whose deletion is graceful: the path
+		// where a holder runs on after its deletion.
+		{7, "delete with grace", w.onPod(func(p *modelPod) bool { return !p.deleting && p.node != "" && !p.terminal }, w.deletePod)},
+		{3, "delete with grace (a pod not running on a node)", w.onPod(func(p *modelPod) bool { return !p.deleting && (p.node == "" || p.terminal) }, w.deletePod)},
+		{6, "grace period ends: kubelet kills the containers", w.onPod(func(p *modelPod) bool { return p.deleting && !p.lost && !p.terminal }, func(p *modelPod) {
 			// The app containers first; the sidecars with them, or at the
 			// next call.
 			w.kill(p, w.rng.IntN(3) > 0)
 			w.react(p)
-			return true
-		}},
-		{6, "kubelet removes a terminated pod", func() bool {
-			p := w.pickPod(func(p *modelPod) bool { return p.deleting && !p.lost && p.terminal })
-			if p == nil {
-				return false
-			}
+		})},
+		{6, "kubelet removes a terminated pod", w.onPod(func(p *modelPod) bool { return p.deleting && !p.lost && p.terminal }, func(p *modelPod) {
 			w.forceDelete(p, "kubelet removes the pod")
-			return true
-		}},
-		{1, "a node is lost", func() bool {
-			p := w.pickPod(func(p *modelPod) bool { return p.node != "" && !p.lost && !p.terminal })
-			if p == nil {
-				return false
-			}
-			node := p.node
-			w.nodes = slices.DeleteFunc(w.nodes, func(n string) bool { return n == node })
-			w.addNode()
-			for _, q := range w.mpods {
-				if q.node == node && !q.gone {
-					q.lost = true
-					w.note(q, "node %s lost", node)
-					if len(q.guarded) > 0 && q.running() {
-						w.counts["(a guarded pod's node lost)"]++
-					}
-				}
-			}
-			return true
-		}},
-		{3, "taint manager evicts a pod of a lost node", func() bool {
-			p := w.pickPod(func(p *modelPod) bool { return p.lost && !p.deleting })
-			if p == nil {
-				return false
-			}
-			w.deletePod(p)
-			return true
-		}},
-		{2, "administrator force-deletes a pod of a lost node", func() bool {
-			p := w.pickPod(func(p *modelPod) bool { return p.lost })
-			if p == nil {
-				return false
-			}
+		})},
+		{1, "a node is lost", w.onPod(func(p *modelPod) bool { return p.node != "" && !p.lost && !p.terminal }, w.loseNode)},
+		{3, "taint manager evicts a pod of a lost node", w.onPod(func(p *modelPod) bool { return p.lost && !p.deleting }, w.deletePod)},
+		{2, "administrator force-deletes a pod of a lost node", w.onPod(func(p *modelPod) bool { return p.lost }, func(p *modelPod) {
 			w.forceDelete(p, "administrator force-deletes the pod")
-			return true
-		}},
-		{2, "pod GC fails and removes a pod of an out-of-service node", func() bool {
-			p := w.pickPod(func(p *modelPod) bool { return p.lost })
-			if p == nil {
-				return false
-			}
-			w.podGC(p)
-			return true
-		}},
+		})},
+		{2, "pod GC fails and removes a pod of an out-of-service node", w.onPod(func(p *modelPod) bool { return p.lost }, w.podGC)},
 		{4, "lease lost in Redis", func() bool {
 			l := w.locks[w.rng.IntN(len(w.locks))]
 			info, err := w.operator.Inspect(w.ctx, l.key)
@@ -551,6 +464,23 @@ func (w *world) step() string {
 					return e.name
 				}
 				break
+			}
+		}
+	}
+}
+
+// loseNode plays the loss of the pod's node: its kubelet reports nothing
+// more, and new pods go to a new node.
+func (w *world) loseNode(p *modelPod) {
+	node := p.node
+	w.nodes = slices.DeleteFunc(w.nodes, func(n string) bool { return n == node })
+	w.addNode()
+	for _, q := range w.mpods {
+		if q.node == node && !q.gone {
+			q.lost = true
+			w.note(q, "node %s lost", node)
+			if len(q.guarded) > 0 && q.running() {
+				w.counts["(a guarded pod's node lost)"]++
 			}
 		}
 	}
