@@ -502,12 +502,8 @@ func TestMarksLeftByAGoneLockAreNoGrant(t *testing.T) {
 	if err := rdb.Del(context.Background(), key).Err(); err != nil { // its lease ran out
 		t.Fatal(err)
 	}
-	l := getLock(t, lock)
-	controllerutil.RemoveFinalizer(l, locksv1.Finalizer)
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	deleteLock(t, l)
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { controllerutil.RemoveFinalizer(l, locksv1.Finalizer) })
+	deleteLock(t, lock)
 	eventually(t, "the lock to go", func() bool { return lockGone(t, lock) })
 	time.Sleep(1100 * time.Millisecond) // marks are timed to the second
 

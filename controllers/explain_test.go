@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -45,11 +46,7 @@ func TestWaitingPodsAreToldWhereTheyStand(t *testing.T) {
 		t.Fatalf("run-1's Granted Event says %q", msg)
 	}
 
-	l := getLock(t, lock)
-	l.Spec.Candidates.MatchLabels["app"] = "other"
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Spec.Candidates.MatchLabels["app"] = "other" })
 	eventually(t, "run-2 and run-3 to be told the lock no longer selects them, and listed as blocked", func() bool {
 		st := getLock(t, lock).Status
 		return len(st.Blocked) == 2 && st.WaitingCount == 2 && len(st.Waiting) == 0 &&

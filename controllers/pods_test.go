@@ -89,9 +89,7 @@ func leaveFilter(t *testing.T, h *harness, pod *corev1.Pod, lock *locksv1.Distri
 // reconcile runs the manager's reconciler on the lock at once.
 func reconcile(t *testing.T, h *harness, lock *locksv1.DistributedLock) {
 	t.Helper()
-	if _, err := h.r.Reconcile(context.Background(), controllers.KeyRequest{Key: lockKey(lock)}); err != nil {
-		t.Fatal(err)
-	}
+	reconcileKey(t, h, lockKey(lock))
 }
 
 // With --pod-label-selector, a holder that loses the label while it runs
