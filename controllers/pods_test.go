@@ -150,6 +150,22 @@ func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
 		t.Fatalf("after a conflict, %s went to %+v, not back to the leader", key, inspect(t, key).Holders)
 	}
 
+	// The same across a new manager started during the conflict: the
+	// lock's record of the grant (status.grant), not the manager's memory,
+	// names the leader.
+	takeAsOutsider(t, rdb, key)
+	reconcile(t, h, lock)
+	h.stop()
+	h = startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
+	reconcile(t, h, lock)
+	if err := rdb.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reconcile(t, h, lock)
+	if !holds(t, key, leader) {
+		t.Fatalf("after a conflict across a manager restart, %s went to %+v, not back to the leader", key, inspect(t, key).Holders)
+	}
+
 	setPhase(t, getPod(t, leader), corev1.PodSucceeded)
 	eventually(t, "the standby to be granted "+key+" once the leader stopped", func() bool { return holds(t, key, standby) })
 	eventually(t, "the leader's marks to be cleared", func() bool { return !markedBy(getPod(t, leader), "a") })
