@@ -72,11 +72,12 @@ func restarted(cs *corev1.ContainerStatus, code int32) {
 	cs.RestartCount++
 }
 
-// afterThisSecond waits for the next second: a container that exits then
-// exited after whatever happened in this one, to the second the API keeps
-// times to.
-func afterThisSecond() {
-	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+// kubeletSawDeletion reports the pod's status as a kubelet does once it has
+// seen the pod's deletion: with the generation the deletion gave the pod as
+// status.observedGeneration.
+func kubeletSawDeletion(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	setStatus(t, pod, func(st *corev1.PodStatus) { st.ObservedGeneration = getPod(t, pod).Generation })
 }
 
 // eventOn reports whether an Event with the reason was recorded on the
@@ -471,7 +472,7 @@ func TestASidecarStillRunningKeepsTheLock(t *testing.T) {
 	if err := k8s.Delete(context.Background(), run1); err != nil {
 		t.Fatal(err)
 	}
-	afterThisSecond()
+	kubeletSawDeletion(t, run1)
 	setStatus(t, run1, func(st *corev1.PodStatus) { st.ContainerStatuses[0].State = exited(0) })
 	settle()
 	if !gatedWith(getPod(t, run2), gateFor("singleton")) || !holds(t, key, run1) {

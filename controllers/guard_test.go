@@ -125,10 +125,9 @@ func TestCase1HolderKeepsLockThroughGracefulDeletion(t *testing.T) {
 		t.Fatalf("run-1 lost the lock while still running: %+v", inspect(t, key))
 	}
 
-	// The kubelet reports every container terminated, after the deletion
-	// was asked for (the API keeps the times to the second): run-1 has
-	// stopped.
-	afterThisSecond()
+	// The kubelet, having seen the deletion, reports every container
+	// terminated: run-1 has stopped.
+	kubeletSawDeletion(t, run1)
 	setContainers(t, run1, corev1.PodRunning, exited(0))
 	eventually(t, "run-2 to be ungated", func() bool { return !gatedWith(getPod(t, run2), gateFor("singleton")) })
 	eventually(t, "run-2 to hold the lock", func() bool { return holds(t, key, run2) })
