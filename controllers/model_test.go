@@ -33,11 +33,12 @@ import (
 // it has no gate left; a kubelet (model_kubelet_test.go) starting init
 // containers, native sidecars and app containers, containers exiting and
 // being restarted in place under restartPolicy OnFailure and Always, pods
-// completing, graceful deletion, nodes lost; and lost leases, Redis restarts
-// without persistence, manager restarts, selector edits, and locks deleted
-// and created again, on three locks in two namespaces that share pods and a
-// key. After every step it settles the locks by calling Reconcile until a
-// pass writes nothing.
+// completing, graceful deletion (which a kubelet may learn of a step
+// late), nodes lost, node clocks a second or two off; and lost leases,
+// Redis restarts without persistence, manager restarts, selector edits,
+// and locks deleted and created again, on three locks in two namespaces
+// that share pods and a key. After every step it settles the locks by
+// calling Reconcile until a pass writes nothing.
 //
 // The checker's oracle is the model, never the controller's code: a pod
 // runs while a container the model's kubelet started has not stopped, or
@@ -60,6 +61,12 @@ import (
 // for a pod the model has stopped and told the API server so (a terminal
 // phase), or that is gone; that a guarded pod keeps its key until it stops;
 // and that the holder carries the marks of the locks that select it.
+//
+// A world of 1,000 steps or more fails if it lifted fewer than one gate in
+// 50 steps, or never restarted a guarded pod's container in place, started
+// a guarded pod's sidecar, lost a guarded pod's node or had an older
+// kubelet leave a terminated pod Running: a controller that grants nothing,
+// or a model that stopped playing these, would pass unseen.
 //
 // LOCKWARDEN_MODEL_STEPS sets the number of steps (default 10,000, shared
 // between two independent worlds that run in parallel), and
