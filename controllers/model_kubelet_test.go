@@ -37,6 +37,13 @@ import (
 //     pod fails;
 //   - a pod whose containers are all done for good reaches its terminal phase
 //     (Succeeded if every app container exited 0, else Failed);
+//   - every status it writes carries status.observedGeneration, the pod's
+//     generation as the kubelet last saw it (GA since v1.35; a graceful
+//     deletion bumps the generation), and stamps container states with its
+//     node's clock, which may be a second or two off the API server's;
+//   - a kubelet learns of a pod's deletion through its watch, at the same
+//     step or a later one: until then it starts and restarts containers as
+//     before;
 //   - a pod being deleted keeps running through its grace period (its
 //     containers may exit, and are not restarted), then the kubelet kills
 //     what still runs, app containers first and sidecars after them, and
@@ -45,7 +52,8 @@ import (
 //     Failed unless it is already terminal) before it removes the object. An
 //     older kubelet, which a pod runs on at random, leaves the phase as
 //     getPhase computes it without the terminal flag: Running, under
-//     Always, with every container terminated;
+//     Always, with every container terminated; nor does it write
+//     observedGeneration;
 //   - a node that is lost reports nothing more: its pods' containers count as
 //     running until the pod object is force-deleted, or the pod garbage
 //     collector (after the administrator's out-of-service taint) marks it
@@ -99,8 +107,19 @@ type modelPod struct {
 	// Running once it has killed the containers of a pod being deleted.
 	oldKubelet bool
 	node       string
-	lost       bool // its node stopped reporting
-	deleting   bool // it has a deletionTimestamp
+	// skew is how far its node's clock, which stamps the container
+	// states, is off the API server's.
+	skew time.Duration
+	lost bool // its node stopped reporting
+	// deleting: the pod has a deletionTimestamp. terminating: its kubelet
+	// has seen that (a kubelet learns of a deletion through its watch, a
+	// moment later; that of a lost node never does). Until then it starts
+	// and restarts containers as before.
+	deleting, terminating bool
+	// seenGeneration is the pod's generation as its kubelet last saw it,
+	// which it reports as status.observedGeneration (a graceful deletion
+	// bumps the generation).
+	seenGeneration int64
 	// terminal: the model has stopped every container for good. phase is
 	// the terminal phase the API server was told, if any.
 	terminal bool
@@ -159,11 +178,11 @@ func (p *modelPod) note(step int, format string, args ...any) {
 // describe is the pod's model state, for failure messages.
 func (p *modelPod) describe() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "pod %s/%s (uid %s, group %s, restartPolicy %s, node %s", p.ns, p.name, p.uid, p.group, p.spec.RestartPolicy, p.node)
+	fmt.Fprintf(&b, "pod %s/%s (uid %s, group %s, restartPolicy %s, node %s, its clock %+v", p.ns, p.name, p.uid, p.group, p.spec.RestartPolicy, p.node, p.skew)
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{p.lost, "lost"}, {p.deleting, "deleting"}, {p.terminal, "terminal"}, {p.gone, "gone"}, {p.oldKubelet, "old kubelet"}, {p.foreign, "foreign gate"}} {
+	}{{p.lost, "lost"}, {p.deleting, "deleting"}, {p.terminating, "its kubelet saw the deletion"}, {p.terminal, "terminal"}, {p.gone, "gone"}, {p.oldKubelet, "old kubelet"}, {p.foreign, "foreign gate"}} {
 		if f.on {
 			b.WriteString(", " + f.name)
 		}
@@ -258,7 +277,7 @@ func (p *modelPod) finishing() bool {
 // awaitsRestart reports whether the kubelet will restart the container in
 // place: it exited (or backs off) and the pod is not being stopped.
 func (p *modelPod) awaitsRestart(c *modelContainer) bool {
-	if (c.state != hasExited && c.state != backOff) || p.deleting || p.terminal || p.lost || p.finishing() {
+	if (c.state != hasExited && c.state != backOff) || p.terminating || p.terminal || p.lost || p.finishing() {
 		return false
 	}
 	switch c.kind {
@@ -275,7 +294,7 @@ func (p *modelPod) awaitsRestart(c *modelContainer) bool {
 // it has completed (a regular one) or started (a sidecar); else the app
 // containers not started yet.
 func (p *modelPod) startable() []*modelContainer {
-	if p.node == "" || p.lost || p.deleting || p.terminal || p.finishing() {
+	if p.node == "" || p.lost || p.terminating || p.terminal || p.finishing() {
 		return nil
 	}
 	var apps []*modelContainer
@@ -370,7 +389,7 @@ func (p *modelPod) status(scheduledAt metav1.Time) corev1.PodStatus {
 	switch {
 	case p.phase != "":
 		st.Phase = p.phase // a terminal phase is never left
-	case p.terminal && p.deleting && !p.oldKubelet:
+	case p.terminal && p.terminating && !p.oldKubelet:
 		st.Phase = kubeletPhase(&p.spec, all, true, initialized)
 	default:
 		st.Phase = kubeletPhase(&p.spec, all, false, initialized)
@@ -393,6 +412,9 @@ func (p *modelPod) status(scheduledAt metav1.Time) corev1.PodStatus {
 		cond(corev1.PodReady, ready),
 	}
 	st.StartTime = &scheduledAt
+	if !p.oldKubelet { // older kubelets predate status.observedGeneration
+		st.ObservedGeneration = p.seenGeneration
+	}
 	return st
 }
 
@@ -557,6 +579,8 @@ func kubeletPhase(spec *corev1.PodSpec, info []corev1.ContainerStatus, podIsTerm
 	return corev1.PodPending
 }
 
-// since is a time for the model's statuses: real time, to the second, as
-// the API server keeps it.
-func since() metav1.Time { return metav1.NewTime(time.Now().Truncate(time.Second)) }
+// now is the time on the pod's node, to the second, as the API server
+// keeps it: the kubelet stamps container states with it.
+func (p *modelPod) now() metav1.Time {
+	return metav1.NewTime(time.Now().Add(p.skew).Truncate(time.Second))
+}

@@ -33,11 +33,12 @@ import (
 // it has no gate left; a kubelet (model_kubelet_test.go) starting init
 // containers, native sidecars and app containers, containers exiting and
 // being restarted in place under restartPolicy OnFailure and Always, pods
-// completing, graceful deletion, nodes lost; and lost leases, Redis restarts
-// without persistence, manager restarts, selector edits, and locks deleted
-// and created again, on three locks in two namespaces that share pods and a
-// key. After every step it settles the locks by calling Reconcile until a
-// pass writes nothing.
+// completing, graceful deletion (which a kubelet may learn of a step
+// late), nodes lost, node clocks a second or two off; and lost leases,
+// Redis restarts without persistence, manager restarts, selector edits,
+// and locks deleted and created again, on three locks in two namespaces
+// that share pods and a key. After every step it settles the locks by
+// calling Reconcile until a pass writes nothing.
 //
 // The checker's oracle is the model, never the controller's code: a pod
 // runs while a container the model's kubelet started has not stopped, or
@@ -60,6 +61,12 @@ import (
 // for a pod the model has stopped and told the API server so (a terminal
 // phase), or that is gone; that a guarded pod keeps its key until it stops;
 // and that the holder carries the marks of the locks that select it.
+//
+// A world of 1,000 steps or more fails if it lifted fewer than one gate in
+// 50 steps, or never restarted a guarded pod's container in place, started
+// a guarded pod's sidecar, lost a guarded pod's node or had an older
+// kubelet leave a terminated pod Running: a controller that grants nothing,
+// or a model that stopped playing these, would pass unseen.
 //
 // LOCKWARDEN_MODEL_STEPS sets the number of steps (default 10,000, shared
 // between two independent worlds that run in parallel), and
@@ -117,8 +124,8 @@ func (w *world) checkCoverage(steps int) {
 	if steps < 1000 {
 		return
 	}
-	if lifts := w.counts["(a gate lifted)"]; lifts < steps/20 {
-		w.t.Errorf("%d steps lifted %d gates, fewer than one every 20 steps", steps, lifts)
+	if lifts := w.counts["(a gate lifted)"]; lifts < steps/50 {
+		w.t.Errorf("%d steps lifted %d gates, fewer than one every 50 steps", steps, lifts)
 	}
 	for _, what := range []string{
 		"(a guarded pod's container restarted in place)", "(a guarded pod's sidecar started)",
@@ -153,8 +160,10 @@ type world struct {
 	mpods []*modelPod
 	byUID map[types.UID]*modelPod
 	gone  map[types.UID]string
-	// nodes are the nodes that report; nodeSeq names the next one.
+	// nodes are the nodes that report, and skew how far each one's clock
+	// is off; nodeSeq names the next one.
 	nodes   []string
+	skew    map[string]time.Duration
 	nodeSeq int
 	// prevHolders are the owners Redis showed for each key at the last
 	// check, and prevBad each pod's gates that no lock could lift then.
@@ -194,7 +203,7 @@ func newWorld(t *testing.T, seed uint64) *world {
 	w := &world{
 		t: t, ctx: context.Background(), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		redis: redistest.Start(t), counts: map[string]int{},
-		byUID: map[types.UID]*modelPod{}, gone: map[types.UID]string{},
+		byUID: map[types.UID]*modelPod{}, gone: map[types.UID]string{}, skew: map[string]time.Duration{},
 		prevHolders: map[string]string{}, prevBad: map[types.UID][]string{},
 		expect: newExpectations(),
 	}
@@ -218,9 +227,12 @@ func newWorld(t *testing.T, seed uint64) *world {
 	return w
 }
 
+// addNode adds a node; half of them have a clock a second or two off.
 func (w *world) addNode() {
 	w.nodeSeq++
-	w.nodes = append(w.nodes, fmt.Sprintf("node-%d", w.nodeSeq))
+	node := fmt.Sprintf("node-%d", w.nodeSeq)
+	w.nodes = append(w.nodes, node)
+	w.skew[node] = time.Duration([]int{0, 0, 0, 0, 1, 2, -1, -2}[w.rng.IntN(8)]) * time.Second
 }
 
 func (w *world) startManager() {
@@ -343,7 +355,7 @@ func (w *world) step() string {
 		{14, "a container exits", w.onContainer(func(p *modelPod, c *modelContainer) bool { return !p.lost && c.state == isRunning },
 			func(p *modelPod, c *modelContainer) {
 				code := w.exitCode()
-				c.exit(code, since())
+				c.exit(code, p.now())
 				w.note(p, "container %s exits %d", c.name, code)
 				if p.awaitsRestart(c) && w.rng.IntN(3) == 0 {
 					c.state = backOff
@@ -356,7 +368,7 @@ func (w *world) step() string {
 					c.state = backOff
 					w.note(p, "container %s backs off", c.name)
 				} else {
-					c.start(since())
+					c.start(p.now())
 					w.note(p, "container %s restarted (restart %d)", c.name, c.restarts)
 					if len(p.guarded) > 0 {
 						w.counts["(a guarded pod's container restarted in place)"]++
@@ -366,7 +378,7 @@ func (w *world) step() string {
 				w.react(p)
 			})},
 		{4, "kubelet stops the sidecars of a finished pod", w.onPod(func(p *modelPod) bool {
-			return !p.lost && !p.terminal && !p.deleting && p.finishing() && len(p.runningContainers()) > 0
+			return !p.lost && !p.terminal && !p.terminating && p.finishing() && len(p.runningContainers()) > 0
 		}, func(p *modelPod) {
 			w.kill(p, true)
 			w.react(p)
@@ -375,13 +387,14 @@ func (w *world) step() string {
 		// where a holder runs on after its deletion.
 		{7, "delete with grace", w.onPod(func(p *modelPod) bool { return !p.deleting && p.node != "" && !p.terminal }, w.deletePod)},
 		{3, "delete with grace (a pod not running on a node)", w.onPod(func(p *modelPod) bool { return !p.deleting && (p.node == "" || p.terminal) }, w.deletePod)},
-		{6, "grace period ends: kubelet kills the containers", w.onPod(func(p *modelPod) bool { return p.deleting && !p.lost && !p.terminal }, func(p *modelPod) {
+		{4, "kubelet sees the deletion", w.onPod(func(p *modelPod) bool { return p.deleting && !p.terminating && !p.lost }, w.seeDeletion)},
+		{6, "grace period ends: kubelet kills the containers", w.onPod(func(p *modelPod) bool { return p.terminating && !p.terminal }, func(p *modelPod) {
 			// The app containers first; the sidecars with them, or at the
 			// next call.
 			w.kill(p, w.rng.IntN(3) > 0)
 			w.react(p)
 		})},
-		{6, "kubelet removes a terminated pod", w.onPod(func(p *modelPod) bool { return p.deleting && !p.lost && p.terminal }, func(p *modelPod) {
+		{6, "kubelet removes a terminated pod", w.onPod(func(p *modelPod) bool { return p.terminating && p.terminal }, func(p *modelPod) {
 			w.forceDelete(p, "kubelet removes the pod")
 		})},
 		{1, "a node is lost", w.onPod(func(p *modelPod) bool { return p.node != "" && !p.lost && !p.terminal }, w.loseNode)},
@@ -562,7 +575,7 @@ func (w *world) bind(p *modelPod) {
 	if err := k8s.SubResource("binding").Create(w.ctx, pod, binding); err != nil {
 		w.t.Fatalf("bind %s: %v", p.name, err)
 	}
-	p.node = node
+	p.node, p.skew = node, w.skew[node]
 	w.note(p, "bound to %s", node)
 	if w.rng.IntN(3) > 0 {
 		w.startContainers(p)
@@ -572,7 +585,7 @@ func (w *world) bind(p *modelPod) {
 
 // startContainers plays the kubelet starting what it can start now.
 func (w *world) startContainers(p *modelPod) {
-	now := since()
+	now := p.now()
 	for _, c := range p.startable() {
 		c.start(now)
 		w.note(p, "container %s started", c.name)
@@ -586,7 +599,7 @@ func (w *world) startContainers(p *modelPod) {
 // kill plays the kubelet stopping the running app (and regular init)
 // containers, and the sidecars too if sidecars is set or nothing else runs.
 func (w *world) kill(p *modelPod, sidecars bool) {
-	now := since()
+	now := p.now()
 	running := p.runningContainers()
 	others := slices.ContainsFunc(running, func(c *modelContainer) bool { return c.kind != sidecarKind })
 	for _, c := range running {
@@ -605,7 +618,7 @@ func (w *world) react(p *modelPod) {
 	if p.lost || p.gone {
 		return
 	}
-	if !p.terminal && !p.deleting && p.finishing() {
+	if !p.terminal && !p.terminating && p.finishing() {
 		// The app containers are done for good: the kubelet stops the
 		// sidecars (here, or at a later step). After a regular init
 		// container failed under Never, the pod is Failed at once, so it
@@ -617,12 +630,12 @@ func (w *world) react(p *modelPod) {
 	}
 	if !p.terminal {
 		quiet := len(p.runningContainers()) == 0
-		st := p.status(since())
+		st := p.status(p.now())
 		terminalPhase := st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed
 		switch {
-		case p.deleting && quiet:
+		case p.terminating && quiet:
 			p.terminal = true // nothing is restarted in a pod being deleted
-		case !p.deleting && terminalPhase != (quiet && p.finishing()):
+		case !p.terminating && terminalPhase != (quiet && p.finishing()):
 			w.t.Fatalf("model error at step %d: phase %s, but finishing %v and quiet %v\n%s", w.stepNo, st.Phase, p.finishing(), quiet, p.describe())
 		case terminalPhase:
 			p.terminal = true
@@ -647,6 +660,9 @@ func (w *world) report(p *modelPod) {
 		if err := k8s.Get(w.ctx, client.ObjectKey{Namespace: p.ns, Name: p.name}, latest); err != nil {
 			return err
 		}
+		if !p.deleting || p.terminating {
+			p.seenGeneration = latest.Generation
+		}
 		scheduled := latest.CreationTimestamp
 		if c := slices.IndexFunc(latest.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodScheduled }); c >= 0 {
 			scheduled = latest.Status.Conditions[c].LastTransitionTime
@@ -659,7 +675,7 @@ func (w *world) report(p *modelPod) {
 		w.t.Fatalf("step %d: the kubelet's status of %s was refused: %v\n%s", w.stepNo, p.name, err, p.describe())
 	}
 	w.expect.wrote(latest)
-	if p.terminal && p.deleting && p.oldKubelet && st.Phase == corev1.PodRunning {
+	if p.terminal && p.terminating && p.oldKubelet && st.Phase == corev1.PodRunning {
 		w.counts["(an older kubelet left a terminated pod Running)"]++
 	}
 	if st.Phase != p.phase {
@@ -688,6 +704,17 @@ func (w *world) deletePod(p *modelPod) {
 	w.expect.deleted(pod)
 	p.deleting = true
 	w.note(p, "deleted with grace")
+	if !p.lost && w.rng.IntN(2) == 0 {
+		w.seeDeletion(p)
+	}
+}
+
+// seeDeletion plays the kubelet learning that the pod is being deleted:
+// it restarts nothing from then on, lets the containers run through the
+// grace period, and terminates the pod at once if nothing runs.
+func (w *world) seeDeletion(p *modelPod) {
+	p.terminating = true
+	w.note(p, "its kubelet sees the deletion")
 	w.react(p)
 }
 
@@ -714,7 +741,7 @@ func (w *world) podGC(p *modelPod) {
 		return
 	}
 	for _, c := range p.runningContainers() {
-		c.exit(137, since())
+		c.exit(137, p.now())
 	}
 	p.terminal, p.podGCFailed = true, true
 	latest := &corev1.Pod{}
@@ -723,6 +750,7 @@ func (w *world) podGC(p *modelPod) {
 			return err
 		}
 		latest.Status.Phase = corev1.PodFailed
+		latest.Status.ObservedGeneration = latest.Generation
 		latest.Status.Conditions = append(latest.Status.Conditions, corev1.PodCondition{
 			Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "DeletionByPodGC", LastTransitionTime: metav1.Now(),
 		})
