@@ -2,12 +2,16 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -86,5 +90,61 @@ func TestOneLabelGuardsACronJob(t *testing.T) {
 		if runs := checkKey(t, key); len(runs) != 1 {
 			t.Fatalf("%d pods ran under %s, want the Job's one", len(runs), key)
 		}
+	}
+}
+
+// The manager may change only lockwarden's own marks (issue 22), on the
+// plane's kube-apiserver with the policies an install ships: the manager's
+// ServiceAccount (impersonated, and bound to cluster-admin so that RBAC lets
+// each request reach admission) is refused a change of a pod's image, of
+// another tool's label, and a pod's deletion, and admitted its marks and
+// the lift of its gate.
+func TestTheManagerMayChangeOnlyItsMarks(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	user := "system:serviceaccount:" + ns + ":lockwarden-controller-manager"
+	kubectl(t, "create", "clusterrolebinding", "manager-writes-"+ns, "--clusterrole=cluster-admin", "--user="+user)
+	t.Cleanup(func() { kubectl(t, "delete", "clusterrolebinding", "manager-writes-"+ns) })
+	cfg := rest.CopyConfig(pl.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:serviceaccounts", "system:authenticated"}}
+	manager, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newPod := func(name string) *corev1.Pod {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"team": "payments"}},
+			Spec: corev1.PodSpec{
+				SchedulingGates: []corev1.PodSchedulingGate{{Name: locksv1.GateFor("jobs")}},
+				Containers:      []corev1.Container{{Name: "work", Image: "busybox"}},
+			},
+		}
+		pod, err := clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pod
+	}
+	// Refusals, each on a fresh pod, since a change let through would
+	// change the pod for good.
+	for what, mutate := range map[string]func(*corev1.Pod){
+		"the image":            func(p *corev1.Pod) { p.Spec.Containers[0].Image = "evil:latest" },
+		"another tool's label": func(p *corev1.Pod) { p.Labels["team"] = "other" },
+	} {
+		p := newPod("refused-" + strings.ReplaceAll(strings.ReplaceAll(what, " ", "-"), "'", ""))
+		mutate(p)
+		if _, err := manager.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+			t.Errorf("the manager changing %s: %v, want refused by the policy", what, err)
+		}
+	}
+	p := newPod("marked")
+	if err := manager.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}); err == nil {
+		t.Error("the manager deleted a pod")
+	}
+	p.Labels[locksv1.HolderLabelFor("jobs")] = "true"
+	p.Annotations = map[string]string{locksv1.OwnerAnnotationPrefix + "jobs": string(p.UID) + ":0", locksv1.TokenAnnotationPrefix + "jobs": "7"}
+	p.Spec.SchedulingGates = nil
+	if _, err := manager.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("the manager's marks and the lift of its gate were refused: %v", err)
 	}
 }
