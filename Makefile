@@ -32,6 +32,10 @@ INSTALLER ?= dist/install.yaml
 # config/trial-redis to try lockwarden out with a Redis of its own.
 DEPLOY_CONFIG ?= config/default
 SOAK_ACQUISITIONS ?= 1000000
+# make fault: how long the plane's random fault run injects faults, and the
+# seed to replay (empty: a new one, printed).
+FAULT_DURATION ?= 20m
+FAULT_SEED ?=
 
 .DEFAULT_GOAL := help
 SHELL := /usr/bin/env bash -o pipefail
@@ -51,9 +55,11 @@ demo: test-deps ## Play the lockwarden story on a local control plane, Redis and
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests under config/ from kubebuilder markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/...;./controllers/..." output:crd:artifacts:config=config/crd/bases
-	@# The Helm chart installs the same generated CRD and manager role.
+	@# The Helm chart installs the same generated CRD and manager role, and
+	@# the same admission policies.
 	cp config/crd/bases/locks.lockwarden.dev_distributedlocks.yaml dist/chart/files/crds/
 	cp config/rbac/role.yaml dist/chart/files/rbac/manager-role.yaml
+	cp config/admission/fencing.yaml config/admission/gate.yaml config/admission/manager.yaml dist/chart/files/admission/
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods for the API types.
@@ -77,6 +83,10 @@ test: test-deps manifests generate vet ## Run every test, with the race detector
 .PHONY: soak
 soak: test-deps ## Run the fault soak longer than `make test` does: SOAK_ACQUISITIONS (default 1,000,000) under random faults.
 	LOCKWARDEN_SOAK_ACQUISITIONS=$(SOAK_ACQUISITIONS) $(GO) test -race -count=1 -timeout 12h -run '^TestSoak$$' -v ./pkg/redislock/
+
+.PHONY: fault
+fault: test-deps ## Run the random fault run on the local control plane (test/e2e TestFaultRun: two manager replicas, leader kills and pauses, Redis and API server faults) for FAULT_DURATION (default 20m) instead of make test's 2m; FAULT_SEED replays a run's choices.
+	LOCKWARDEN_FAULT_DURATION=$(FAULT_DURATION) LOCKWARDEN_FAULT_SEED=$(FAULT_SEED) KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -race -count=1 -timeout 4h -run '^TestFaultRun$$' -v ./test/e2e/
 
 # The last line runs the manager binary at issue 15's scale: 10,000 locks and
 # 130,000 pods take 15-20 minutes on two cores, most of it creating the pods.

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"k8s.io/client-go/util/workqueue"
 )
 
 // Retries after Redis failed: the first after redisRetryBase, each next one
@@ -43,4 +45,28 @@ func (b *redisBackoff) succeeded(key string) {
 	b.mu.Lock()
 	delete(b.failures, key)
 	b.mu.Unlock()
+}
+
+// The retries after any other error (the API server's, say), as
+// controller-runtime's rate limiter counts them per key: the first after
+// apiRetryBase, each next one twice as late up to the same cap as Redis's,
+// each moved by up to ±20%. controller-runtime's default backs off to
+// 1000 s: after a brownout of the API server, keys would wait for a quarter
+// of an hour after it came back.
+const apiRetryBase = 5 * time.Millisecond
+
+// newAPIBackoff is the work queue's rate limiter.
+func newAPIBackoff() workqueue.TypedRateLimiter[KeyRequest] {
+	return jittered{workqueue.NewTypedItemExponentialFailureRateLimiter[KeyRequest](apiRetryBase, redisRetryCap)}
+}
+
+// jittered moves each delay of its rate limiter by up to ±20%, so keys that
+// failed together do not retry together.
+type jittered struct {
+	workqueue.TypedRateLimiter[KeyRequest]
+}
+
+func (j jittered) When(key KeyRequest) time.Duration {
+	d := j.TypedRateLimiter.When(key)
+	return d*4/5 + rand.N(d*2/5+1)
 }

@@ -38,52 +38,87 @@ func CacheOptions(pods labels.Selector) cache.Options {
 }
 
 // stripPod keeps what the controller reads of a pod: its identity, labels,
-// lockwarden's own annotations, and timestamps; its scheduling gates and
-// node; its phase, and of its conditions (see stripConditions) and
-// container states the types, statuses, reasons and times. The rest, above all the container specs and
-// volumes, other tools' annotations and the status messages, is most of a
-// pod's size. The kept conditions and container states are fresh copies;
-// the labels and gates are kept as decoded, each its own allocation, so
-// nothing of the rest of the decoded object stays alive behind them. The
-// controller only ever writes a pod with a merge patch of its labels, own
-// annotations and gates computed between two such stripped copies, so what
-// is dropped is never written.
+// lockwarden's own annotations, and timestamps; its scheduling gates, node,
+// and its containers' names (and init containers' restart policies, which
+// make native sidecars); its phase, and of its conditions (see
+// stripConditions) and container statuses the states, restart counts,
+// reasons and times. The rest, above all the container specs and volumes,
+// other tools' annotations and the status messages, is most of a pod's
+// size. The kept conditions, containers and statuses are fresh copies; the
+// labels and gates are kept as decoded, each its own allocation, so nothing
+// of the rest of the decoded object stays alive behind them. The controller
+// only ever writes a pod with a merge patch of its labels, own annotations
+// and gates computed between two such stripped copies, so what is dropped
+// is never written.
 func stripPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	// A pod without containers is one stripPod made: the API admits none.
-	// client-go transforms the objects of an informer's initial watch-list
-	// twice (into a temporary store, then again as they replace the
-	// cache's), and a second copy of every pod, alive until the first is
-	// dropped, made the cache's start-up the manager's peak of memory.
-	if len(pod.Spec.Containers) == 0 {
+	// A stripped pod's containers have no image, which the API requires of
+	// every pod. client-go transforms the objects of an informer's initial
+	// watch-list twice (into a temporary store, then again as they replace
+	// the cache's), and a second copy of every pod, alive until the first
+	// is dropped, made the cache's start-up the manager's peak of memory.
+	if len(pod.Spec.Containers) == 0 || pod.Spec.Containers[0].Image == "" {
 		return pod, nil
 	}
 	stripped := &corev1.Pod{
 		TypeMeta: pod.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
 			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
-			Generation: pod.Generation, CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp,
+			Generation: pod.Generation, CreationTimestamp: pod.CreationTimestamp,
+			DeletionTimestamp: pod.DeletionTimestamp, DeletionGracePeriodSeconds: pod.DeletionGracePeriodSeconds,
 			Labels: pod.Labels, Annotations: ownAnnotations(pod.Annotations),
 		},
-		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName, SchedulingGates: pod.Spec.SchedulingGates},
+		Spec: corev1.PodSpec{
+			NodeName: pod.Spec.NodeName, SchedulingGates: pod.Spec.SchedulingGates,
+			InitContainers: stripContainers(pod.Spec.InitContainers), Containers: stripContainers(pod.Spec.Containers),
+			EphemeralContainers: stripEphemeral(pod.Spec.EphemeralContainers),
+		},
 		Status: corev1.PodStatus{
-			Phase:                 pod.Status.Phase,
-			Conditions:            stripConditions(pod.Status.Conditions),
-			InitContainerStatuses: stripContainerStatuses(pod.Status.InitContainerStatuses),
-			ContainerStatuses:     stripContainerStatuses(pod.Status.ContainerStatuses),
+			ObservedGeneration:         pod.Status.ObservedGeneration,
+			Phase:                      pod.Status.Phase,
+			Conditions:                 stripConditions(pod.Status.Conditions),
+			InitContainerStatuses:      stripContainerStatuses(pod.Status.InitContainerStatuses),
+			ContainerStatuses:          stripContainerStatuses(pod.Status.ContainerStatuses),
+			EphemeralContainerStatuses: stripContainerStatuses(pod.Status.EphemeralContainerStatuses),
 		},
 	}
 	return stripped, nil
 }
 
-// ownAnnotations are the annotations lockwarden writes, nil if none.
+// stripEphemeral keeps each ephemeral container's name.
+func stripEphemeral(in []corev1.EphemeralContainer) []corev1.EphemeralContainer {
+	if in == nil {
+		return nil
+	}
+	out := make([]corev1.EphemeralContainer, len(in))
+	for i, c := range in {
+		out[i].Name = c.Name
+	}
+	return out
+}
+
+// stripContainers keeps each container's name and restart policy: an init
+// container with restartPolicy Always is a native sidecar.
+func stripContainers(in []corev1.Container) []corev1.Container {
+	if in == nil {
+		return nil
+	}
+	out := make([]corev1.Container, len(in))
+	for i, c := range in {
+		out[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
+	}
+	return out
+}
+
+// ownAnnotations are the annotations lockwarden writes, and the one by
+// which a pod names the locks it waits for, nil if none.
 func ownAnnotations(in map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range in {
-		if isOwnMark(k) {
+		if isOwnMark(k) || k == locksv1.LocksAnnotation {
 			if out == nil {
 				out = map[string]string{}
 			}
@@ -122,19 +157,24 @@ func stripContainerStatuses(in []corev1.ContainerStatus) []corev1.ContainerStatu
 	}
 	out := make([]corev1.ContainerStatus, len(in))
 	for i, cs := range in {
-		var state corev1.ContainerState
-		if w := cs.State.Waiting; w != nil {
-			state.Waiting = &corev1.ContainerStateWaiting{Reason: w.Reason}
-		}
-		if r := cs.State.Running; r != nil {
-			state.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
-		}
-		if t := cs.State.Terminated; t != nil {
-			state.Terminated = &corev1.ContainerStateTerminated{ExitCode: t.ExitCode, Reason: t.Reason, FinishedAt: t.FinishedAt}
-		}
-		out[i] = corev1.ContainerStatus{Name: cs.Name, State: state}
+		out[i] = corev1.ContainerStatus{Name: cs.Name, RestartCount: cs.RestartCount,
+			State: stripState(cs.State), LastTerminationState: stripState(cs.LastTerminationState)}
 	}
 	return out
+}
+
+func stripState(in corev1.ContainerState) corev1.ContainerState {
+	var state corev1.ContainerState
+	if w := in.Waiting; w != nil {
+		state.Waiting = &corev1.ContainerStateWaiting{Reason: w.Reason}
+	}
+	if r := in.Running; r != nil {
+		state.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
+	}
+	if t := in.Terminated; t != nil {
+		state.Terminated = &corev1.ContainerStateTerminated{ExitCode: t.ExitCode, Reason: t.Reason, StartedAt: t.StartedAt, FinishedAt: t.FinishedAt}
+	}
+	return state
 }
 
 // ignoreOwnMarks drops pod updates that only set or change lockwarden's own
@@ -177,7 +217,7 @@ func isOwnMark(key string) bool {
 
 // ownMarkPrefixes are the prefixes of the labels and annotations lockwarden
 // writes on pods.
-var ownMarkPrefixes = []string{locksv1.HolderLabelPrefix, locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix}
+var ownMarkPrefixes = append([]string{locksv1.HolderLabelPrefix}, locksv1.MarkAnnotationPrefixes...)
 
 func withoutOwnMarks(pod *corev1.Pod) *corev1.Pod {
 	p := pod.DeepCopy()
@@ -192,7 +232,8 @@ func withoutOwnMarks(pod *corev1.Pod) *corev1.Pod {
 	return p
 }
 
-// selectors caches each lock's parsed candidate selector, by lock, for as
+// selectors caches each lock's parsed candidate selector (for a lock without
+// spec.candidates, the label naming it), by lock, for as
 // long as its UID and generation stay the same: selectsIndex, every
 // reconcile and every pod event that may concern the lock need it, and
 // parsing a selector allocates.
@@ -214,7 +255,11 @@ func (c *selectorCache) get(lock *locksv1.DistributedLock) labels.Selector {
 		}
 	}
 	p := parsedSelector{uid: lock.UID, generation: lock.Generation}
-	if s, err := metav1.LabelSelectorAsSelector(lock.Spec.Candidates.LabelSelector()); err == nil && !s.Empty() {
+	candidates := &metav1.LabelSelector{MatchLabels: map[string]string{locksv1.LockLabel: lock.Name}}
+	if lock.Spec.Candidates != nil {
+		candidates = lock.Spec.Candidates.LabelSelector()
+	}
+	if s, err := metav1.LabelSelectorAsSelector(candidates); err == nil && !s.Empty() {
 		p.selector = s
 	}
 	c.m.Store(name, p)

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -82,18 +83,49 @@ func TestRedisBackoff(t *testing.T) {
 	}
 }
 
+// Case 9 of issue 20: after an API error a key is retried as after a Redis
+// error, at most 30 s later, each retry moved by up to ±20%, rather than
+// backing off to controller-runtime's 1000 s.
+func TestAPIBackoffIsCappedAndJittered(t *testing.T) {
+	limiter := newAPIBackoff()
+	key := KeyRequest{Key: "k"}
+	var longest time.Duration
+	for range 40 {
+		longest = max(longest, limiter.When(key))
+	}
+	if longest > redisRetryCap*6/5 || longest < redisRetryCap*4/5 {
+		t.Fatalf("after 40 failures a retry waits %v, want about %v at most", longest, redisRetryCap)
+	}
+	limiter.Forget(key)
+	if got := limiter.When(key); got > apiRetryBase*6/5 {
+		t.Fatalf("after a success the first retry waits %v, want about %v", got, apiRetryBase)
+	}
+	spread := map[time.Duration]bool{}
+	for i := range 20 {
+		k := KeyRequest{Key: fmt.Sprint("key-", i)}
+		for range 10 {
+			limiter.When(k)
+		}
+		spread[limiter.When(k)] = true
+	}
+	if len(spread) < 10 {
+		t.Fatalf("20 keys failing together retry at only %d distinct times: no jitter", len(spread))
+	}
+}
+
 // What stripPod drops is never read: every function that reads a pod's
 // status answers the same for a full pod and its stripped copy, and what
 // it keeps of the metadata is what the marks and selectors use.
 func TestStripPodKeepsWhatIsRead(t *testing.T) {
 	at := func(s int) metav1.Time { return metav1.NewTime(time.Date(2026, 11, 23, 10, 0, s, 0, time.UTC)) }
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(3)}}
 	full := func(phase corev1.PodPhase, states ...corev1.ContainerState) *corev1.Pod {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{
 				Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"app": "x"},
 				Annotations: map[string]string{"kubectl.kubernetes.io/restartedAt": "now", "big": string(make([]byte, 4096))},
 			},
-			Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "main", Image: "busybox", Command: []string{"sleep", "1"}}}},
+			Spec: corev1.PodSpec{NodeName: "n", InitContainers: []corev1.Container{{Name: "sidecar", Image: "envoy", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways)}}},
 			Status: corev1.PodStatus{
 				Phase: phase,
 				Conditions: []corev1.PodCondition{
@@ -105,10 +137,17 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 			},
 		}
 		setMarks(p, "l", "u:0", 3)
+		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "sidecar", State: running, Image: "envoy", RestartCount: 1,
+			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", StartedAt: at(2), FinishedAt: at(3)}}}}
 		for i, s := range states {
+			name := fmt.Sprint("c", i)
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: name, Image: "busybox", Command: []string{"sleep", "1"}})
 			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
-				Name: fmt.Sprint("c", i), State: s, Image: "busybox", ImageID: "sha256:abc", ContainerID: "containerd://x", RestartCount: 2,
+				Name: name, State: s, Image: "busybox", ImageID: "sha256:abc", ContainerID: "containerd://x", RestartCount: 2,
 			})
+		}
+		if len(states) == 0 {
+			p.Spec.Containers = []corev1.Container{{Name: "main", Image: "busybox"}}
 		}
 		return p
 	}
@@ -116,9 +155,13 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 		p.Status.Conditions[0] = corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: at(1)}
 		return p
 	}
-	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(3)}}
 	waiting := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "back-off pulling image"}}
-	done := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: "bye", FinishedAt: at(9)}}
+	crashing := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: "back-off restarting"}}
+	done := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: "bye", StartedAt: at(4), FinishedAt: at(9)}}
+	deleting := func(p *corev1.Pod) *corev1.Pod {
+		p.DeletionTimestamp = &metav1.Time{Time: at(8).Time}
+		return p
+	}
 	for name, pod := range map[string]*corev1.Pod{
 		"pending":   full(corev1.PodPending),
 		"pulling":   full(corev1.PodPending, waiting),
@@ -127,6 +170,8 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 		"one done":  full(corev1.PodRunning, running, done),
 		"all done":  full(corev1.PodRunning, done, done),
 		"succeeded": full(corev1.PodSucceeded, done),
+		"crashing":  full(corev1.PodRunning, crashing),
+		"deleting":  deleting(full(corev1.PodRunning, done, done)),
 	} {
 		got, err := stripPod(pod)
 		if err != nil {
@@ -137,11 +182,12 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 			t.Errorf("%s: stripping a stripped pod copied it again", name)
 		}
 		if stopped(s) != stopped(pod) || started(s) != started(pod) || whyNotStarted(s) != whyNotStarted(pod) ||
-			!stopTime(s).Equal(stopTime(pod)) || grantedAt(s, "l") != grantedAt(pod, "l") || !markedBy(s, "l") || !carriesMarks(s, "l") {
-			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v",
-				name, stopped(s), stopped(pod), started(s), started(pod), whyNotStarted(s), whyNotStarted(pod), stopTime(s), stopTime(pod))
+			!stopTime(s).Equal(stopTime(pod)) || !markedAt(s, "l").Equal(markedAt(pod, "l")) || !lastMarked(s).Equal(lastMarked(pod)) ||
+			restarting(s) != restarting(pod) || !markedBy(s, "l") || !carriesMarks(s, "l") {
+			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v, restarting %q/%q",
+				name, stopped(s), stopped(pod), started(s), started(pod), whyNotStarted(s), whyNotStarted(pod), stopTime(s), stopTime(pod), restarting(s), restarting(pod))
 		}
-		if len(s.Annotations) != 3 || len(s.Spec.Containers) != 0 || len(s.Status.Conditions) > 2 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
+		if len(s.Annotations) != 3 || s.Spec.Containers[0].Image != "" || len(s.Status.Conditions) > 2 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
 			t.Errorf("%s: kept annotations %v, containers %v, conditions %+v, labels %v",
 				name, s.Annotations, s.Spec.Containers, s.Status.Conditions, s.Labels)
 		}
@@ -154,7 +200,7 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 func TestSelectsIndexValues(t *testing.T) {
 	lock := func(name string, sel locksv1.PodSelector) *locksv1.DistributedLock {
 		return &locksv1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)},
-			Spec: locksv1.DistributedLockSpec{Candidates: sel}}
+			Spec: locksv1.DistributedLockSpec{Candidates: &sel}}
 	}
 	req := func(key string, op metav1.LabelSelectorOperator, values ...locksv1.LabelValue) locksv1.LabelRequirement {
 		return locksv1.LabelRequirement{Key: key, Operator: op, Values: values}

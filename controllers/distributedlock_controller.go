@@ -1,25 +1,28 @@
 // Package controllers holds the DistributedLock controller.
 //
 // The reconciler is shaped like cluster-api's: each reconcile builds a scope
-// once (scope.go: the locks naming one Redis key, their candidate pods, the
-// holders as Redis and the pods show them, and the controller's grants), runs
-// named phases over it (holders.go: release and keep grants; grant.go: grant
-// the next candidate; marks.go: the pods' marks and gates), and computes the
-// status from the scope at the end (status.go). The unit of work is the key,
-// not the resource: every lock naming a key agrees on one holder and one
-// waiting order, so one reconcile settles them all.
+// once (scope.go: the locks naming one Redis key, live, refused or being
+// deleted, their candidate pods, the holders as Redis and the pods show
+// them, and the grant the locks' statuses record, grantee.go), runs named
+// phases over it (release.go: release stopped holders; sticky.go: keep
+// grants; grant.go: grant the next candidate; record.go: check and record
+// the grant; marks.go: the pods' marks and gates; deletion.go: let deleted
+// locks go; startup.go: watch the holder start), and computes the status
+// from the scope at the end (status.go, explain.go). The unit of work is
+// the key, not the resource: every lock naming a key agrees on one holder
+// and one waiting order, so one reconcile settles them all. Pods whose gate
+// no lock can lift are told so by the gate checker (gates.go).
 package controllers
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -52,9 +55,9 @@ type DistributedLockReconciler struct {
 	// 0 means DefaultMaxConcurrentReconciles.
 	MaxConcurrentReconciles int
 
-	// lost carries the locks whose lease the controller lost, or whose key
-	// Redis published a release of, so they are reconciled at once.
-	lost chan event.GenericEvent
+	// lost carries the keys whose lease the controller lost, or whose
+	// release Redis published, so they are reconciled at once.
+	lost chan event.TypedGenericEvent[string]
 	// stopped closes when the manager stops, so nothing blocks on lost.
 	stopped <-chan struct{}
 	// keyReleases listens for single keys' releases on a Cluster with
@@ -65,6 +68,8 @@ type DistributedLockReconciler struct {
 	keys     keyMutex
 	podNames podNames
 	backoff  redisBackoff
+	// told are the pods told where they stand (explain.go).
+	told toldPods
 	// unwatchedWarned are, by key, the running pods outside the pod cache
 	// that a HolderNotWatched Event was sent for (pollUnwatched).
 	unwatchedWarned sync.Map // string -> map[types.UID]bool
@@ -76,60 +81,51 @@ type DistributedLockReconciler struct {
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
-// Reconcile settles the key the lock names: it loads the scope, runs the
-// phases, and writes the status of every lock naming the key.
-func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	lock := &locksv1.DistributedLock{}
-	if err := r.Get(ctx, req.NamespacedName, lock); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Metrics.forget(req.NamespacedName)
-		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	key := effectiveKey(lock)
-	// One reconcile per key at a time: locks sharing a key are settled
-	// together, and two workers must not grant it to two pods.
-	defer r.keys.lock(key)()
+// KeyRequest asks for one Redis key to be settled. The key is the unit of
+// work: every lock naming it agrees on one holder and one waiting order, so
+// one reconcile settles them all, and the work queue never runs two
+// reconciles of one key at once.
+type KeyRequest struct{ Key string }
 
-	if !lock.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, lock, key)
-	}
-	if !controllerutil.ContainsFinalizer(lock, locksv1.Finalizer) {
-		patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.AddFinalizer(lock, locksv1.Finalizer)
-		if err := r.Patch(ctx, lock, patch); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if !r.Keys.Permits(lock.Namespace, key) {
-		before := lock.DeepCopy()
-		lock.Status.Key = key
-		lock.Status.Waiting, lock.Status.WaitingCount = nil, 0
-		// A grant made while the key was shared with the namespace stays
-		// recorded until its pod stops: the record, which the tenant cannot
-		// write, is what says the hold in Redis is that grant (granteeOf).
-		if !r.grantRunning(ctx, lock) {
-			lock.Status.Holder = nil
-		}
-		setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
-			"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", key, lock.Namespace))
-		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
-			meta.RemoveStatusCondition(&lock.Status.Conditions, c)
-		}
-		if err := r.patchStatus(ctx, before, lock); err != nil {
-			return ctrl.Result{}, err
-		}
-		// The key is still settled: a grant made to this namespace's pods
-		// before the key was un-shared is kept until its pod stops, and
-		// this lock's pod events are what say it has.
-	}
-
-	s, err := r.loadScope(ctx, key)
+// Reconcile settles the key: it loads the scope, runs the phases, and
+// writes the status of every lock naming the key.
+func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyRequest) (ctrl.Result, error) {
+	// The work queue runs one reconcile of a key at a time; this keeps a
+	// caller outside it (a test) from running beside it.
+	defer r.keys.lock(req.Key)()
+	s, err := r.loadScope(ctx, req.Key)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.addFinalizers(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	for _, l := range s.ungiven {
+		if err := r.letGo(ctx, s, l); err != nil {
+			log.FromContext(ctx).Error(err, "cannot let a refused lock go", "lock", client.ObjectKeyFromObject(l))
+		}
+	}
 	result, err := r.runPhases(ctx, s)
 	return result, kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
+}
+
+// addFinalizers gives each live lock of the key that may use it the
+// finalizer before anything is granted or marked for it, so that its
+// deletion releases whatever it was given. A lock of a namespace that may
+// not use the key gets none: it is given nothing.
+func (r *DistributedLockReconciler) addFinalizers(ctx context.Context, s *scope) error {
+	for _, l := range s.locks {
+		if controllerutil.ContainsFinalizer(l, locksv1.Finalizer) {
+			continue
+		}
+		patch := client.MergeFromWithOptions(l.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.AddFinalizer(l, locksv1.Finalizer)
+		if err := r.Patch(ctx, l, patch); err != nil {
+			return err
+		}
+		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
+	}
+	return nil
 }
 
 // runPhases runs the phases in order. A Redis failure stops them and is
@@ -140,16 +136,21 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 	}
 	if s.notALock {
 		r.backoff.succeeded(s.key)
-		return ctrl.Result{}, nil // only a new key can fix it
+		// Only a new key can fix it; deleting the lock lets it go, with no
+		// grant of the key to release.
+		return ctrl.Result{}, r.finalizeDeleted(ctx, s)
 	}
 	for _, phase := range []struct {
 		name string
 		run  func(context.Context, *scope) error
 	}{
 		{"release stopped holders", r.releaseStopped},
+		{"forget ended grants", r.forgetEndedGrants},
 		{"keep grants", r.keepGrants},
 		{"grant", r.grantNext},
+		{"record the grant", r.recordGrant},
 		{"mark pods", r.markPods},
+		{"finalize deleted locks", r.finalizeDeleted},
 		{"watch startup", r.watchStartup},
 	} {
 		if err := phase.run(ctx, s); err != nil {
@@ -160,7 +161,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		}
 	}
 	r.backoff.succeeded(s.key)
-	r.computeStatuses(s)
+	r.computeStatuses(ctx, s)
 	// A grant the controller keeps needs no polling: its loss arrives on
 	// the lost channel, and its pod's end as a pod event. Anyone else's
 	// hold (even one under a controller owner ID that is no grant it
@@ -172,10 +173,20 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 	} else {
 		r.keyReleases.unwatch(s.key)
 	}
+	// Nobody publishes a take: a free key that candidates take themselves
+	// (mode Observe) is looked at again soon, to show a new holder, while a
+	// candidate runs that could take it (one that starts is a pod event).
+	if len(s.holders) == 0 && slices.ContainsFunc(s.pods, s.observedRunning) {
+		s.requeue(observePoll)
+	}
 	// Nor does an unwatched pod's end arrive as an event.
 	r.pollUnwatched(ctx, s)
 	return ctrl.Result{RequeueAfter: s.after}, nil
 }
+
+// observePoll is how soon a free key of a lock in mode Observe is looked at
+// again: an in-pod client's new hold shows within a second.
+const observePoll = 500 * time.Millisecond
 
 func isRedisError(err error) bool {
 	return errors.Is(err, redislock.ErrUnavailable) || errors.Is(err, redislock.ErrClosed)
@@ -183,7 +194,8 @@ func isRedisError(err error) bool {
 
 // redisFailed logs the Redis error and shows a redacted one: a condition
 // never echoes what Redis said, which could tell a tenant about keys that
-// are not theirs.
+// are not theirs. Who holds the key is then unknown: the hold may have
+// lapsed meanwhile.
 func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, err error) (ctrl.Result, error) {
 	if !isRedisError(err) {
 		return ctrl.Result{}, err
@@ -192,21 +204,44 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 	for _, l := range s.locks {
 		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
 			"Redis did not answer, or refused the lock's commands; the manager's log has the error")
+		if meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionHeld) != nil {
+			setCondition(l, locksv1.ConditionHeld, metav1.ConditionUnknown, "RedisUnavailable",
+				"Redis cannot be read, so who holds the lock is unknown")
+		}
+	}
+	for _, d := range s.deleting {
+		setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
+			"Redis did not answer, so the lock being deleted cannot be released; it is retried. If Redis is gone for good, remove the finalizer by hand (see the README)")
 	}
 	return ctrl.Result{RequeueAfter: r.backoff.failed(s.key)}, nil
 }
 
 // patchStatuses writes the status of every lock in the scope that changed.
+// A refused lock's write failing fails nothing else: the lock is another
+// namespace's, whose tenant must not be able to hold this key's reconciles
+// back.
 func (r *DistributedLockReconciler) patchStatuses(ctx context.Context, s *scope) error {
 	var errs []error
-	for _, l := range s.locks {
-		errs = append(errs, r.patchStatus(ctx, s.before[client.ObjectKeyFromObject(l)], l))
+	for _, l := range s.all() {
+		before := s.before[client.ObjectKeyFromObject(l)]
+		if before == nil {
+			continue
+		}
+		err := r.patchStatus(ctx, before, l)
+		if err != nil && slices.Contains(s.revoked, l) {
+			log.FromContext(ctx).Error(err, "cannot write a refused lock's status", "lock", client.ObjectKeyFromObject(l))
+			continue
+		}
+		errs = append(errs, err)
 	}
 	return kerrors.NewAggregate(errs)
 }
 
 // patchStatus writes the status if, and only if, it changed, so holding a
-// lock steadily writes nothing to the API server.
+// lock steadily writes nothing to the API server. The write is
+// preconditioned on the lock's resourceVersion: a manager that read the
+// lock before another wrote it (a grant's record, say) must not write over
+// it, however long it was paused.
 func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, lock *locksv1.DistributedLock) error {
 	lock.Status.ObservedGeneration = lock.Generation
 	for i := range lock.Status.Conditions {
@@ -215,57 +250,7 @@ func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, loc
 	if equality.Semantic.DeepEqual(before.Status, lock.Status) {
 		return nil
 	}
-	return client.IgnoreNotFound(r.Status().Patch(ctx, lock, client.MergeFrom(before)))
-}
-
-// reconcileDelete releases the grants the lock made, unmarks its pods and
-// lets the resource go. It reads the pods and Redis, never the status, so a
-// lock deleted before its status was written still releases what it holds.
-func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, lock *locksv1.DistributedLock, key string) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(lock, locksv1.Finalizer) {
-		return ctrl.Result{}, nil
-	}
-	if r.Keys.Permits(lock.Namespace, key) {
-		s, err := r.loadScope(ctx, key)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if s.redisErr == nil && !s.notALock {
-			err = r.releaseGrantsOf(ctx, s, lock)
-		} else {
-			err = s.redisErr
-		}
-		if err != nil {
-			before := lock.DeepCopy()
-			if isRedisError(err) {
-				log.FromContext(ctx).Error(err, "cannot release the lock being deleted", "key", key)
-				setCondition(lock, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
-					"Redis did not answer, so the lock cannot be released; it is retried. If Redis is gone for good, remove the finalizer by hand (see the README)")
-				return ctrl.Result{RequeueAfter: r.backoff.failed(key)}, r.patchStatus(ctx, before, lock)
-			}
-			return ctrl.Result{}, err
-		}
-		if err := r.patchStatuses(ctx, s); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	r.backoff.succeeded(key)
-	r.keyReleases.unwatch(key) // the key's other locks, if any, watch it again
-	patch := client.MergeFromWithOptions(lock.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	controllerutil.RemoveFinalizer(lock, locksv1.Finalizer)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, lock, patch))
-}
-
-// grantRunning reports whether the lock's status records a grant to a pod
-// that still exists and has not stopped.
-func (r *DistributedLockReconciler) grantRunning(ctx context.Context, lock *locksv1.DistributedLock) bool {
-	h := lock.Status.Holder
-	if h == nil || !h.GrantedByController || h.PodName == "" {
-		return false
-	}
-	pod := &corev1.Pod{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: lock.Namespace, Name: h.PodName}, pod)
-	return err == nil && string(pod.UID) == h.PodUID && !stopped(pod)
+	return client.IgnoreNotFound(r.Status().Patch(ctx, lock, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})))
 }
 
 func setCondition(lock *locksv1.DistributedLock, condition string, status metav1.ConditionStatus, reason, message string) {
@@ -282,6 +267,9 @@ func effectiveKey(lock *locksv1.DistributedLock) string {
 	}
 	return lock.Namespace + "/" + lock.Name
 }
+
+// defaultTerms are the API's default lease terms, for a key's reads.
+var defaultTerms = leaseTerms{lease: 30 * time.Second, renew: 10 * time.Second}
 
 // termsOf is the lock's lease and renewal interval, as the controller holds
 // it. The renewal interval is bounded below by maxRenewRate: the API allows

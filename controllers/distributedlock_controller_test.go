@@ -150,8 +150,8 @@ func TestFinalizerReleasesRedis(t *testing.T) {
 	eventually(t, "the lock resource to go", func() bool {
 		return apierrors.IsNotFound(k8s.Get(context.Background(), client.ObjectKeyFromObject(lock), &locksv1.DistributedLock{}))
 	})
-	if inspect(t, ns+"/leader").Held() {
-		t.Fatal("the lock is still held in Redis after its resource was deleted")
+	if info := inspect(t, ns+"/leader"); info.Held() {
+		t.Fatalf("the lock is still held in Redis after its resource was deleted: %+v (pod a %s)", info, getPod(t, a).UID)
 	}
 	eventually(t, "pod a to be unmarked", func() bool { return !marked(getPod(t, a)) })
 	assertEvents(t, ns, "Released")
@@ -245,8 +245,8 @@ func TestPrinterColumns(t *testing.T) {
 	for _, c := range crd.Spec.Versions[0].AdditionalPrinterColumns {
 		columns = append(columns, fmt.Sprintf("%s:%d", c.Name, c.Priority))
 	}
-	if fmt.Sprint(columns) != "[Key:0 Holder:0 Token:0 Waiting:0 Lease:1 Age:0]" {
-		t.Errorf("printer columns = %v, want key, holder, token, waiting, age, and the lease in -o wide", columns)
+	if fmt.Sprint(columns) != "[Key:0 Ready:0 Holder:0 Token:0 Waiting:0 Conflict:0 Lease:1 Age:0]" {
+		t.Errorf("printer columns = %v, want key, ready, holder, token, waiting, conflict, age, and the lease in -o wide", columns)
 	}
 }
 
@@ -272,12 +272,12 @@ func TestBadSpecsRefusedAtAdmission(t *testing.T) {
 			l.Spec.Candidates.MatchLabels = map[string]locksv1.LabelValue{"app": "-bad-"}
 		}, "spec.candidates.matchLabels.app in body should match"},
 		{"In without values", func(l *locksv1.DistributedLock) {
-			l.Spec.Candidates = locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "In"}}}
+			l.Spec.Candidates = &locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "In"}}}
 		}, "values must be non-empty for the operators In and NotIn"},
 		{"unknown operator", func(l *locksv1.DistributedLock) {
-			l.Spec.Candidates = locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "Near", Values: []locksv1.LabelValue{"x"}}}}
+			l.Spec.Candidates = &locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "app", Operator: "Near", Values: []locksv1.LabelValue{"x"}}}}
 		}, "Unsupported value: \"Near\""},
-		{"empty selector", func(l *locksv1.DistributedLock) { l.Spec.Candidates = locksv1.PodSelector{} }, "must select pods"},
+		{"empty selector", func(l *locksv1.DistributedLock) { l.Spec.Candidates = &locksv1.PodSelector{} }, "must select pods"},
 		{"unknown mode", func(l *locksv1.DistributedLock) { l.Spec.Mode = "Steal" }, "Unsupported value: \"Steal\""},
 		{"key with a hash tag", func(l *locksv1.DistributedLock) { l.Spec.Key = "a{b}" }, "must not contain '{', '}'"},
 		{"name too long for a label", func(l *locksv1.DistributedLock) { l.Name = strings.Repeat("n", 64) }, "at most 63 characters"},

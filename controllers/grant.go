@@ -7,125 +7,94 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
 // grantNext gives the free key to the first eligible candidate, holding it
 // in Redis under the owner ID "<pod UID>:0". Nothing is granted while a
-// grant is out (sticky until its pod stops) or in conflict.
+// grant is out (sticky until its pod stops) or in conflict. The grant is
+// recorded, and checked past the cache, before any gate is lifted with it
+// (recordGrant).
 func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) error {
 	if len(s.holders) > 0 || s.grantee != nil || s.conflict {
 		return nil
 	}
 	for _, pod := range s.candidates {
-		ok, err := r.eligible(ctx, s, pod)
+		why, err := r.whyWaits(ctx, s, pod)
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if why != "" {
 			continue
 		}
-		if s.guards(pod) {
-			// A gate cannot be put back: confirm past the cache that no
-			// other pod still has a grant of the key before lifting one.
-			if err := r.confirmNoGrantOut(ctx, s); err != nil {
-				return err
-			}
+		terms, c, err := r.clientFor(s, pod)
+		if err != nil {
+			return err
 		}
-		hold, err := acquire(ctx, s.client, s.key, ownerFor(pod.UID))
+		hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
 		if errors.Is(err, redislock.ErrWaitTimeout) {
 			return s.reread(ctx) // taken meanwhile, or reserved for a queued client
 		}
 		if err != nil {
 			return err
 		}
-		r.remember(s, pod, hold)
+		r.remember(s, pod, terms, hold)
 		s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
 		s.info.Token = hold.Token()
-		s.grantee = pod
-		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, hold.Token())
-		for _, l := range s.locksIn(pod.Namespace) {
-			r.Metrics.transition(l, "acquired")
-		}
+		s.grantee, s.fresh, s.newGrant = pod, true, true
 		return nil
 	}
 	return nil
 }
 
-// eligible reports whether a candidate may be granted the key now. It must
-// not be stopped or being deleted. A guarded pod (one gated by a lock on
-// this key) waits behind its gate; if it is gated by other locks too, it
+// whyWaits says why a candidate may not be granted the key now, or "" if
+// it may. It must not be stopped or being deleted. An unguarded pod (no
+// lock's gate) must be Running. A guarded pod waits behind its gates, and
+// is granted only once lockwarden's gates are the only ones it has left
+// (another controller's, such as Kueue's admission gate, may never be
+// lifted, and the pod could not start meanwhile), and only if every lock
+// whose gate it carries exists and could lift it (gateLocks): a
+// misconfigured pod takes nothing. If it is gated by other locks too, it
 // takes them in the order of their keys, so two pods guarded by the same
-// locks never each hold one and wait for the other. An unguarded pod must be
-// Running, and waits for no other lock.
-func (r *DistributedLockReconciler) eligible(ctx context.Context, s *scope, pod *corev1.Pod) (bool, error) {
+// locks never each hold one and wait for the other.
+func (r *DistributedLockReconciler) whyWaits(ctx context.Context, s *scope, pod *corev1.Pod) (string, error) {
 	if stopped(pod) || !pod.DeletionTimestamp.IsZero() {
-		return false, nil
+		return stopping, nil
 	}
-	// The gate of a lock in mode Observe, or of a lock naming a key its
-	// namespace may not use, is never lifted, so a pod behind one is never
-	// granted anything: it could not start.
-	ours := map[string]bool{}
-	for _, l := range s.locksIn(pod.Namespace) {
-		if grantsFor(l) {
-			ours[locksv1.GateFor(l.Name)] = true
+	gates, foreign := ourGates(pod)
+	if len(foreign) > 0 {
+		return fmt.Sprintf("behind another controller's scheduling gate %s: it is granted locks once lockwarden's gates are its only ones",
+			strings.Join(foreign, ", ")), nil
+	}
+	if len(gates) == 0 {
+		if pod.Status.Phase != corev1.PodRunning {
+			return "not running", nil
 		}
+		return "", nil
 	}
-	var others []string
-	for _, g := range pod.Spec.SchedulingGates {
-		if strings.HasPrefix(g.Name, locksv1.GatePrefix) && !ours[g.Name] {
-			others = append(others, strings.TrimPrefix(g.Name, locksv1.GatePrefix))
+	locks, problems, err := s.gateLocksOf(ctx, r, pod)
+	if err != nil {
+		return "", err
+	}
+	if len(problems) > 0 {
+		var messages []string
+		for _, p := range problems {
+			messages = append(messages, p.message)
+		}
+		return strings.Join(messages, "; "), nil
+	}
+	for _, l := range locks {
+		if effectiveKey(l) < s.key {
+			return fmt.Sprintf("takes key %s of lock %s first", effectiveKey(l), l.Name), nil
 		}
 	}
 	if !s.guards(pod) {
-		return len(others) == 0 && pod.Status.Phase == corev1.PodRunning, nil
+		return "behind the gates of locks on other keys", nil
 	}
-	for _, name := range others {
-		other := &locksv1.DistributedLock{}
-		err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, other)
-		if apierrors.IsNotFound(err) {
-			return false, nil // it waits for a lock that does not exist
-		}
-		if err != nil {
-			return false, err
-		}
-		if other.Spec.Observes() || !r.Keys.Permits(other.Namespace, effectiveKey(other)) {
-			return false, nil // that gate is never lifted
-		}
-		if effectiveKey(other) <= s.key {
-			return false, nil // it takes that key first
-		}
-	}
-	return true, nil
+	return "", nil
 }
 
-// confirmNoGrantOut reads the pods from the API server and fails if one has
-// a grant of the key and has not stopped, which the cache did not show yet.
-// The controller writes a grant's owner annotation and holder label in one
-// patch, so the pods carrying a holder label of the scope's locks are the
-// ones to read, and the API server selects them.
-func (r *DistributedLockReconciler) confirmNoGrantOut(ctx context.Context, s *scope) error {
-	for _, l := range s.locks {
-		marked, err := labels.NewRequirement(locksv1.HolderLabelFor(l.Name), selection.Exists, nil)
-		if err != nil {
-			return err
-		}
-		var pods corev1.PodList
-		if err := r.APIReader.List(ctx, &pods, client.InNamespace(l.Namespace),
-			client.MatchingLabelsSelector{Selector: labels.NewSelector().Add(*marked)}); err != nil {
-			return err
-		}
-		for i := range pods.Items {
-			if p := &pods.Items[i]; s.granted(p) && !stopped(p) {
-				return fmt.Errorf("pod %s/%s still has a grant of %s that the cache does not show yet", p.Namespace, p.Name, s.key)
-			}
-		}
-	}
-	return nil
-}
+// stopping is why a pod that has stopped, or is being deleted, waits for
+// nothing any more.
+const stopping = "stopping"

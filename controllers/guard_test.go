@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -58,8 +57,7 @@ func setContainers(t *testing.T, pod *corev1.Pod, phase corev1.PodPhase, state c
 }
 
 var (
-	running    = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
-	terminated = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}
+	running = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
 )
 
 func gatedWith(pod *corev1.Pod, gate string) bool {
@@ -127,8 +125,10 @@ func TestCase1HolderKeepsLockThroughGracefulDeletion(t *testing.T) {
 		t.Fatalf("run-1 lost the lock while still running: %+v", inspect(t, key))
 	}
 
-	// The kubelet reports every container terminated: run-1 has stopped.
-	setContainers(t, run1, corev1.PodRunning, terminated)
+	// The kubelet, having seen the deletion, reports every container
+	// terminated: run-1 has stopped.
+	kubeletSawDeletion(t, run1)
+	setContainers(t, run1, corev1.PodRunning, exited(0))
 	eventually(t, "run-2 to be ungated", func() bool { return !gatedWith(getPod(t, run2), gateFor("singleton")) })
 	eventually(t, "run-2 to hold the lock", func() bool { return holds(t, key, run2) })
 }
@@ -246,7 +246,7 @@ func TestCase3TwoLocksOnOnePod(t *testing.T) {
 	if markedBy(getPod(t, runB), "b-lock") {
 		t.Fatal("run-b carries b-lock's marks while run-a holds it")
 	}
-	setContainers(t, runA, corev1.PodSucceeded, terminated)
+	setContainers(t, runA, corev1.PodSucceeded, exited(0))
 	eventually(t, "run-b to be ungated", func() bool { return len(getPod(t, runB).Spec.SchedulingGates) == 0 })
 	p := getPod(t, runB)
 	if !markedBy(p, "a-lock") || !markedBy(p, "b-lock") {
@@ -318,9 +318,7 @@ func TestCase4DeletingALockEndsItsGrantInConflict(t *testing.T) {
 	if err := rdb.Del(context.Background(), key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(two)}); err != nil {
-		t.Fatal(err)
-	}
+	reconcileKey(t, h, key)
 	eventually(t, "p2 to be granted the key", func() bool { return holds(t, key, p2) })
 }
 
@@ -421,11 +419,7 @@ func TestCase7HolderThatDoesNotStart(t *testing.T) {
 
 	// Opting in: the controller evicts run-1, and releases the lock only
 	// once the pod is gone.
-	l := getLock(t, lock)
-	l.Spec.DeleteUnstarted = true
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Spec.DeleteUnstarted = true })
 	eventually(t, "run-1 to be evicted", func() bool { return !getPod(t, run1).DeletionTimestamp.IsZero() })
 	assertEvents(t, ns, "Evicted")
 	settle()
@@ -473,10 +467,7 @@ func TestCase7EvictionRefusedByABudget(t *testing.T) {
 	setContainers(t, run1, corev1.PodRunning, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}})
 	time.Sleep(time.Second) // the start timeout
 
-	res, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(lock)})
-	if err != nil {
-		t.Fatalf("a refused eviction failed the reconcile: %v", err)
-	}
+	res := reconcileKey(t, h, lockKey(lock))
 	if res.RequeueAfter <= 0 {
 		t.Fatal("no retry of the refused eviction was asked for")
 	}
@@ -537,9 +528,10 @@ func TestFinalizerReleasesWithEmptyStatus(t *testing.T) {
 	eventually(t, "pod a to hold the lock", func() bool { return holds(t, key, a) && holderOf(t, lock) == "a" })
 	first.stop()
 
-	// The status is lost (say, its write failed before the manager died).
+	// The status is lost (say, its write failed before the manager died),
+	// but for the fencing record, which never decreases.
 	l := getLock(t, lock)
-	l.Status = locksv1.DistributedLockStatus{}
+	l.Status = locksv1.DistributedLockStatus{HighestToken: l.Status.HighestToken}
 	if err := k8s.Status().Update(context.Background(), l); err != nil {
 		t.Fatal(err)
 	}

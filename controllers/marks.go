@@ -10,21 +10,36 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
 // markPods brings every pod of the scope (which holds each pod that carries
-// a mark or gate of its locks) to the marks it should carry for each lock
-// of its namespace: the holder carries the marks of the
-// locks that select it, gate it or marked it before, and loses those locks'
-// gates if the controller holds the key for it; every other pod carries
-// none, except a grantee in conflict, whose marks record its sticky grant.
-// A lock's marks are its own label, annotations and gate, so locks never
-// overwrite each other's.
+// a mark or gate of its locks) to the marks it should carry for each live
+// lock of its namespace: the holder carries the marks of the locks that
+// select it, gate it or marked it before, and if the controller holds the
+// key for it, loses those locks' gates (recordGrant recorded the grant
+// first); every other pod carries none, except a grantee in
+// conflict, whose marks record its sticky grant. A lock's marks are its own
+// label, annotations and gate, so locks never overwrite each other's. The
+// pods of namespaces that may not use the key are never written, and the
+// marks of a lock being deleted are finalizeDeleted's.
+//
+// The holder's patch, which lifts its gates, is written first, and only its
+// failure fails the key: another pod's marks are for display, and a pod its
+// tenant made hard to patch (the manager-writes policy refusing it, say)
+// must not hold the key back for everyone.
 func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) error {
 	holderPod := s.holderPod()
-	for _, pod := range s.pods {
+	pods := s.pods
+	if i := slices.Index(pods, holderPod); i > 0 {
+		pods = append([]*corev1.Pod{holderPod}, slices.Delete(slices.Clone(pods), i, i+1)...)
+	}
+	for _, pod := range pods {
+		if !s.mayUse[pod.Namespace] {
+			continue
+		}
 		locks := s.locksIn(pod.Namespace)
 		// A pod that is not the holder only ever loses marks, so one that
 		// carries none of these locks' has nothing to write, and need not be
@@ -40,10 +55,8 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 				(selects(l, pod) || hasGate(pod, locksv1.GateFor(l.Name)) || markedBy(pod, l.Name)):
 				h := s.holders[0]
 				setMarks(want, l.Name, string(h.owner), s.info.Token)
-				if h.byController() {
-					want.Spec.SchedulingGates = slices.DeleteFunc(want.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
-						return g.Name == locksv1.GateFor(l.Name)
-					})
+				if s.liftsGate(l, pod) {
+					liftGate(want, l.Name)
 				}
 			case s.conflict && s.grantee != nil && pod.UID == s.grantee.UID:
 			default:
@@ -51,10 +64,22 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 			}
 		}
 		if err := r.patchPod(ctx, pod, want); err != nil {
-			return err
+			if pod == holderPod {
+				return err
+			}
+			log.FromContext(ctx).Error(err, "cannot update a pod's marks", "key", s.key, "pod", client.ObjectKeyFromObject(pod))
 		}
 	}
 	return nil
+}
+
+// liftGate removes the lock's gate from the pod. The lift goes in the same
+// patch as the token annotation, which the admission policy checks against
+// the highest token recorded for the key (recordGrant).
+func liftGate(pod *corev1.Pod, lock string) {
+	pod.Spec.SchedulingGates = slices.DeleteFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
+		return g.Name == locksv1.GateFor(lock)
+	})
 }
 
 // patchPod writes the difference between pod and want, if any, as a merge
@@ -133,7 +158,7 @@ func carriesMarks(pod *corev1.Pod, lock string) bool {
 	if _, ok := pod.Labels[locksv1.HolderLabelFor(lock)]; ok {
 		return true
 	}
-	for _, prefix := range []string{locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix} {
+	for _, prefix := range locksv1.MarkAnnotationPrefixes {
 		if _, ok := pod.Annotations[prefix+lock]; ok {
 			return true
 		}
@@ -143,7 +168,7 @@ func carriesMarks(pod *corev1.Pod, lock string) bool {
 
 func clearMarks(pod *corev1.Pod, lock string) {
 	delete(pod.Labels, locksv1.HolderLabelFor(lock))
-	for _, prefix := range []string{locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix} {
+	for _, prefix := range locksv1.MarkAnnotationPrefixes {
 		delete(pod.Annotations, prefix+lock)
 	}
 }

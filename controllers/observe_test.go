@@ -69,7 +69,7 @@ func TestObserveModeLetsPodsTakeTheLockThemselves(t *testing.T) {
 
 	// run-1's process dies without letting go; the pod fails. Its hold is
 	// released once the pod has stopped, and run-2's Lock returns.
-	setContainers(t, run1, corev1.PodFailed, terminated)
+	setContainers(t, run1, corev1.PodFailed, exited(0))
 	select {
 	case err := <-got:
 		if err != nil {

@@ -85,9 +85,9 @@ func (n *podNames) get(uid types.UID) (types.NamespacedName, bool) {
 }
 
 // locksOn names the locks whose gate, holder label or annotations the pod
-// carries, each once.
+// carries, or that it names (locksv1.NamedLocks), each once.
 func locksOn(pod *corev1.Pod) []string {
-	var names []string
+	names := locksv1.NamedLocks(pod.Labels, pod.Annotations)
 	add := func(name string) {
 		for _, n := range names {
 			if n == name {
@@ -107,7 +107,7 @@ func locksOn(pod *corev1.Pod) []string {
 		}
 	}
 	for k := range pod.Annotations {
-		for _, prefix := range []string{locksv1.OwnerAnnotationPrefix, locksv1.TokenAnnotationPrefix, locksv1.SinceAnnotationPrefix} {
+		for _, prefix := range locksv1.MarkAnnotationPrefixes {
 			if name, ok := strings.CutPrefix(k, prefix); ok {
 				add(name)
 			}

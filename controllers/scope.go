@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
@@ -24,22 +25,32 @@ type scope struct {
 	key string
 	// locks are the live locks naming the key whose namespaces may use it,
 	// by namespace and name. Their statuses are computed in place.
-	locks  []*locksv1.DistributedLock
-	before map[types.NamespacedName]*locksv1.DistributedLock
+	locks []*locksv1.DistributedLock
 	// revoked are the live locks naming the key from namespaces that may
-	// not use it (any more: the administrator un-shared it). They take
-	// part in nothing, but their pods are loaded, so that a grant Redis
-	// shows to one of them is kept until the pod stops (see granteeOf).
+	// not use it (any more: the administrator un-shared it). They grant
+	// nothing, learn nothing of the key's grants, and their pods' marks
+	// are never set, but a grant one of them made while it could, as its
+	// status records it, is kept until its pod stops (recordedGrantee).
 	revoked []*locksv1.DistributedLock
-	// client holds the key with terms, the lease terms of the first lock.
-	client *redislock.Client
-	terms  leaseTerms
+	// deleting are the locks naming the key that are being deleted and
+	// still carry the finalizer, whichever their namespace. They grant
+	// nothing new; a grant whose gate one of them lifted is kept until its
+	// pod stops, and only then does the lock go (finalizeDeleted).
+	deleting []*locksv1.DistributedLock
+	// ungiven are the deleting locks of namespaces that may not use the key
+	// that record no grant: only their finalizer is removed.
+	ungiven []*locksv1.DistributedLock
+	before  map[types.NamespacedName]*locksv1.DistributedLock
 
-	// pods are the pods the key concerns: those its locks and revoked locks
-	// select, or whose gates or marks of them they carry (podsOf), and those
-	// of the locks' namespaces behind an owner or waiter Redis shows. Pods of
-	// other namespaces are never shown, released or written, and the revoked
-	// locks' pods are never shown or written. They are the cache's own
+	// client reads and releases the key. Holds are taken through the
+	// Client of the lease terms of the lock that grants them (clientFor).
+	client *redislock.Client
+
+	// pods are the pods the key concerns: those its locks select, or whose
+	// gates or marks of them they carry (podsOf), those of the locks'
+	// namespaces behind an owner or waiter Redis shows, and the known
+	// holders the cache lacks (addKnownHolders). Pods of other namespaces
+	// are never shown, released or written. They are the cache's own
 	// objects, never written to.
 	pods       []*corev1.Pod
 	byUID      map[types.UID]*corev1.Pod
@@ -49,9 +60,13 @@ type scope struct {
 	// first: the one waiting order every such lock naming the key shares.
 	candidates []*corev1.Pod
 	// unwatched are the pods of the scope that the cache lacks, read from
-	// the API server because the controller knows them as holders
-	// (addKnownHolders).
+	// the API server because the controller knows them as holders.
 	unwatched map[types.UID]bool
+	// mayUse are the namespaces that may use the key.
+	mayUse map[string]bool
+	// gone are the known holders the API server says are gone: the only
+	// holders missing from the scope that may be released.
+	gone map[types.UID]types.NamespacedName
 
 	// info is Redis's view of the key; holders are its owners.
 	info    redislock.LockInfo
@@ -66,9 +81,51 @@ type scope struct {
 	// somebody else holds the key in Redis meanwhile.
 	grantee  *corev1.Pod
 	conflict bool
+	// fresh is set when this reconcile took the key in Redis for the
+	// grantee: a hold that recordGrant gives back if it must not be used;
+	// newGrant when that is a new grant, not the same grant taken again.
+	fresh, newGrant bool
+	// notReady, if set, is why the key's locks are not Ready, though Redis
+	// answered.
+	notReady *condition
+	// gateMemo is gateLocksOf's memory, and candidateAt each candidate's
+	// place in the waiting order.
+	gateMemo    map[types.UID]gateResult
+	candidateAt map[types.UID]int
 	// after is how soon the key must be looked at again, or 0.
 	after time.Duration
 }
+
+// all are the scope's locks of every kind, for their statuses.
+func (s *scope) all() []*locksv1.DistributedLock {
+	return append(append(slices.Clip(s.locks), s.revoked...), s.deleting...)
+}
+
+// gateLocksOf is gateLocks of the pod, once a reconcile: a key's waiting
+// order asks it of every gated pod, more than once.
+func (s *scope) gateLocksOf(ctx context.Context, r *DistributedLockReconciler, pod *corev1.Pod) ([]*locksv1.DistributedLock, []gateProblem, error) {
+	if g, ok := s.gateMemo[pod.UID]; ok {
+		return g.locks, g.problems, nil
+	}
+	locks, problems, err := r.gateLocks(ctx, pod)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.gateMemo == nil {
+		s.gateMemo = map[types.UID]gateResult{}
+	}
+	s.gateMemo[pod.UID] = gateResult{locks, problems}
+	return locks, problems, nil
+}
+
+// gateResult is what gateLocks said of a pod.
+type gateResult struct {
+	locks    []*locksv1.DistributedLock
+	problems []gateProblem
+}
+
+// condition is a condition's reason and message.
+type condition struct{ reason, message string }
 
 // requeue asks for another look at the key within d.
 func (s *scope) requeue(d time.Duration) {
@@ -95,29 +152,39 @@ var ownerPattern = regexp.MustCompile(`^[^:\s]+:[0-9]+$`)
 func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (*scope, error) {
 	s := &scope{
 		key: key, byUID: map[types.UID]*corev1.Pod{}, before: map[types.NamespacedName]*locksv1.DistributedLock{},
-		namespaces: map[string]bool{}, unwatched: map[types.UID]bool{}, podByUID: r.podByUID,
+		namespaces: map[string]bool{}, mayUse: map[string]bool{}, unwatched: map[types.UID]bool{}, gone: map[types.UID]types.NamespacedName{},
+		podByUID: r.podByUID,
 	}
 	var list locksv1.DistributedLockList
 	if err := r.List(ctx, &list, client.MatchingFields{keyIndex: key}); err != nil {
 		return nil, err
 	}
-	for i := range list.Items {
-		l := &list.Items[i]
-		if !l.DeletionTimestamp.IsZero() {
-			continue
-		}
-		s.namespaces[l.Namespace] = true
-		if !r.Keys.Permits(l.Namespace, key) {
-			s.revoked = append(s.revoked, l)
-			continue
-		}
-		s.locks = append(s.locks, l)
-		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
-	}
-	slices.SortFunc(s.locks, func(a, b *locksv1.DistributedLock) int {
+	slices.SortFunc(list.Items, func(a, b locksv1.DistributedLock) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
-	for _, l := range append(slices.Clip(s.locks), s.revoked...) {
+	for i := range list.Items {
+		l := &list.Items[i]
+		switch {
+		case !l.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(l, locksv1.Finalizer):
+			continue // nothing of it is left to settle
+		case !l.DeletionTimestamp.IsZero() && !r.Keys.Permits(l.Namespace, key) && l.Status.Grant == nil:
+			// A lock of a namespace that may not use the key, which records
+			// no grant, was given nothing (its finalizer, if any, is its
+			// tenant's own): it takes no part in the key.
+			s.ungiven = append(s.ungiven, l)
+			continue
+		case !l.DeletionTimestamp.IsZero():
+			s.deleting = append(s.deleting, l)
+		case !r.Keys.Permits(l.Namespace, key):
+			s.revoked = append(s.revoked, l)
+		default:
+			s.locks = append(s.locks, l)
+		}
+		s.namespaces[l.Namespace] = true
+		s.mayUse[l.Namespace] = r.Keys.Permits(l.Namespace, key)
+		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
+	}
+	for _, l := range s.all() {
 		pods, err := r.podsOf(ctx, l)
 		if err != nil {
 			return nil, err
@@ -137,23 +204,23 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		}
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
+	s.candidateAt = make(map[types.UID]int, len(s.candidates))
+	for i, p := range s.candidates {
+		s.candidateAt[p.UID] = i
+	}
 	// After the candidates: a known holder found only now is none.
 	if err := r.addKnownHolders(ctx, s); err != nil {
 		return nil, err
 	}
-
-	terms := leaseTerms{lease: 30 * time.Second, renew: 10 * time.Second} // the API's defaults
-	if len(s.locks) > 0 {
-		terms = termsOf(s.locks[0])
-	}
-	c, err := r.Locks.For(terms)
+	c, err := r.Locks.For(defaultTerms)
 	if err != nil {
 		return nil, err
 	}
-	s.client, s.terms = c, terms
+	s.client = c
 	if err := s.readRedis(ctx); err != nil {
 		return nil, err
 	}
+	r.holderToken(s)
 	s.grantee = r.granteeOf(s)
 	return s, nil
 }
@@ -197,6 +264,30 @@ func (s *scope) readRedis(ctx context.Context) error {
 	return nil
 }
 
+// holderToken fills in the holder's fencing token when Redis no longer
+// shows it: the counter it came from expires a day after its last token,
+// while the ownership lives on (a leader holds for weeks). The token is
+// then the one this process took, or the one the locks recorded for that
+// owner.
+func (r *DistributedLockReconciler) holderToken(s *scope) {
+	if len(s.holders) == 0 || s.info.Token != 0 {
+		return
+	}
+	h := s.holders[0]
+	if g := r.grants.get(s.key); g != nil && g.podUID == h.podUID && g.hold != nil && h.byController() {
+		s.info.Token = g.hold.Token()
+		return
+	}
+	for _, l := range s.all() {
+		if st := l.Status.Holder; st != nil && st.OwnerID == string(h.owner) {
+			s.info.Token = max(s.info.Token, st.Token)
+		}
+		if g := l.Status.Grant; g != nil && h.byController() && g.PodUID == string(h.podUID) {
+			s.info.Token = max(s.info.Token, g.Token)
+		}
+	}
+}
+
 // addPod adds a pod to the scope, once.
 func (s *scope) addPod(p *corev1.Pod) {
 	if s.byUID[p.UID] == nil {
@@ -224,7 +315,7 @@ func (s *scope) markNotALock() {
 	s.holders = nil
 	for _, l := range s.locks {
 		l.Status.Key = s.key
-		l.Status.Holder, l.Status.Waiting, l.Status.WaitingCount = nil, nil, 0
+		l.Status.Holder, l.Status.Waiting, l.Status.Blocked, l.Status.WaitingCount = nil, nil, nil, 0
 		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
 			meta.RemoveStatusCondition(&l.Status.Conditions, c)
 		}
@@ -244,15 +335,9 @@ func (s *scope) reread(ctx context.Context) error {
 	return nil
 }
 
-// locksIn are the scope's locks in the namespace.
+// locksIn are the scope's live locks in the namespace.
 func (s *scope) locksIn(namespace string) []*locksv1.DistributedLock {
-	var out []*locksv1.DistributedLock
-	for _, l := range s.locks {
-		if l.Namespace == namespace {
-			out = append(out, l)
-		}
-	}
-	return out
+	return inNamespace(s.locks, namespace)
 }
 
 // selectors are the scope's locks that select the pod.
@@ -266,15 +351,28 @@ func (s *scope) selectors(pod *corev1.Pod) []*locksv1.DistributedLock {
 	return out
 }
 
-// granted reports whether a lock of the scope records a controller grant
-// of the key to the pod: its owner annotation names "<pod UID>:0".
-func (s *scope) granted(pod *corev1.Pod) bool {
-	for _, l := range s.locksIn(pod.Namespace) {
-		if pod.Annotations[locksv1.OwnerAnnotationPrefix+l.Name] == string(ownerFor(pod.UID)) {
-			return true
+// deletingIn are the scope's locks in the namespace being deleted.
+func (s *scope) deletingIn(namespace string) []*locksv1.DistributedLock {
+	return inNamespace(s.deleting, namespace)
+}
+
+// inNamespace are the locks of the namespace.
+func inNamespace(locks []*locksv1.DistributedLock, namespace string) []*locksv1.DistributedLock {
+	var out []*locksv1.DistributedLock
+	for _, l := range locks {
+		if l.Namespace == namespace {
+			out = append(out, l)
 		}
 	}
-	return false
+	return out
+}
+
+// liftsGate reports whether the controller holds the key for the pod and
+// the lock, live and in mode Grant, gates it: the grant lifts its gate.
+func (s *scope) liftsGate(l *locksv1.DistributedLock, pod *corev1.Pod) bool {
+	h, ok := s.heldBy(pod.UID)
+	return ok && h.byController() && l.DeletionTimestamp.IsZero() && s.mayUse[l.Namespace] && grantsFor(l) &&
+		l.Namespace == pod.Namespace && hasGate(pod, locksv1.GateFor(l.Name))
 }
 
 // guards reports whether a lock of the scope in mode Grant gates the pod:
@@ -286,6 +384,20 @@ func (s *scope) guards(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// observedRunning reports whether a lock of the scope in mode Observe
+// selects the pod, and it runs: its client may take the key.
+func (s *scope) observedRunning(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodRunning && !stopped(pod) &&
+		slices.ContainsFunc(s.selectors(pod), func(l *locksv1.DistributedLock) bool { return !grantsFor(l) })
+}
+
+// gatedByAny reports whether a live lock of the scope gates the pod.
+func (s *scope) gatedByAny(pod *corev1.Pod) bool {
+	return slices.ContainsFunc(s.locksIn(pod.Namespace), func(l *locksv1.DistributedLock) bool {
+		return hasGate(pod, locksv1.GateFor(l.Name))
+	})
 }
 
 // heldBy is the Redis holder that is the pod, if any.
@@ -310,32 +422,19 @@ func (s *scope) holderPod() *corev1.Pod {
 // (mode Grant), rather than leaving it to them (mode Observe).
 func grantsFor(lock *locksv1.DistributedLock) bool { return !lock.Spec.Observes() }
 
+// selects reports whether the lock selects the pod: by its candidate
+// selector, or, for a lock without one, by the pod naming it in its label
+// or annotation (locksv1.NamedLocks).
 func selects(lock *locksv1.DistributedLock, pod client.Object) bool {
+	if lock.Spec.Candidates == nil {
+		return slices.Contains(locksv1.NamedLocks(pod.GetLabels(), pod.GetAnnotations()), lock.Name)
+	}
 	selector := selectors.get(lock)
 	return selector != nil && selector.Matches(labels.Set(pod.GetLabels()))
 }
 
 func hasGate(pod *corev1.Pod, gate string) bool {
 	return slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gate })
-}
-
-// stopped reports whether the pod's containers can no longer run: its phase
-// is Succeeded or Failed, or every container has terminated. A deletion
-// timestamp alone is not enough: the containers run on through the grace
-// period. A pod that is gone has stopped too; callers see it as missing.
-func stopped(pod *corev1.Pod) bool {
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		return true
-	}
-	if len(pod.Status.ContainerStatuses) == 0 {
-		return false
-	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.State.Terminated == nil {
-			return false
-		}
-	}
-	return true
 }
 
 // keyMutex serialises reconciles per key.

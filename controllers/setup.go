@@ -3,9 +3,11 @@ package controllers
 import (
 	"context"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -13,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -31,12 +33,13 @@ const DefaultMaxConcurrentReconciles = 4
 
 // SetupWithManager registers the controller: it watches DistributedLocks,
 // the pods they may concern, the leases it loses and the releases Redis
-// publishes.
+// publishes, each event queueing the keys it concerns. It also registers
+// the gate checker (gates.go).
 func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
-	r.lost = make(chan event.GenericEvent)
+	r.lost = make(chan event.TypedGenericEvent[string])
 	stopped := make(chan struct{})
 	r.stopped = stopped
 	r.keyReleases = newShardedReleases(r.Locks.Redis(), r.wake)
@@ -75,20 +78,46 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if workers == 0 {
 		workers = DefaultMaxConcurrentReconciles
 	}
-	return ctrl.NewControllerManagedBy(mgr).
-		For(&locksv1.DistributedLock{}).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksForPod), builder.WithPredicates(ignoreOwnMarks)).
-		WatchesRawSource(source.Channel(r.lost, &handler.EnqueueRequestForObject{})).
+	err = builder.TypedControllerManagedBy[KeyRequest](mgr).
 		Named("distributedlock").
-		// Keys are independent; reconciles of one key are serialised.
+		Watches(&locksv1.DistributedLock{}, handler.TypedEnqueueRequestsFromMapFunc(keyOfLock)).
+		Watches(&corev1.Pod{}, handler.TypedEnqueueRequestsFromMapFunc(r.keysForPod), builder.WithPredicates(ignoreOwnMarks)).
+		WatchesRawSource(source.TypedChannel(r.lost, handler.TypedFuncs[string, KeyRequest]{
+			GenericFunc: func(_ context.Context, e event.TypedGenericEvent[string], q workqueue.TypedRateLimitingInterface[KeyRequest]) {
+				q.Add(KeyRequest{Key: e.Object})
+			},
+		})).
+		// Keys are independent; the queue never runs one key twice at once.
 		// controller-runtime's priority queue (v0.24.1) can deadlock on
 		// stop: a worker that left on shutdown still counts as waiting, so
 		// the queue blocks handing it an item while holding the lock the
 		// other workers' Done needs, and the manager never stops (seen in
 		// TestUnsharingAKeyKeepsARunningGrant's goroutine dump). The plain
 		// workqueue has no such state.
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers, UsePriorityQueue: ptr.To(false)}).
+		WithOptions(controller.TypedOptions[KeyRequest]{
+			MaxConcurrentReconciles: workers, UsePriorityQueue: ptr.To(false), RateLimiter: newAPIBackoff(),
+			LogConstructor: func(req *KeyRequest) logr.Logger {
+				l := mgr.GetLogger().WithValues("controller", "distributedlock")
+				if req != nil {
+					l = l.WithValues("key", req.Key)
+				}
+				return l
+			},
+		}).
 		Complete(r)
+	if err != nil {
+		return err
+	}
+	return (&gateChecker{r: r}).setupWithManager(mgr)
+}
+
+// keyOfLock queues the key a lock names.
+func keyOfLock(_ context.Context, obj client.Object) []KeyRequest {
+	lock, ok := obj.(*locksv1.DistributedLock)
+	if !ok {
+		return nil
+	}
+	return []KeyRequest{{Key: effectiveKey(lock)}}
 }
 
 // selectsIndex indexes locks by one "key=value" label their candidate
@@ -118,26 +147,30 @@ func selectsIndexValues(lock *locksv1.DistributedLock) []string {
 	return []string{anyLabels}
 }
 
-// locksForPod maps a pod to the locks of its namespace that select it, gate
-// it or marked it. Locks in other namespaces sharing a key are settled with
-// them, in the same reconcile.
-func (r *DistributedLockReconciler) locksForPod(ctx context.Context, obj client.Object) []reconcile.Request {
+// keysForPod maps a pod to the keys of the locks of its namespace that
+// select it, gate it or marked it. Locks in other namespaces sharing a key
+// are settled with them, in the same reconcile.
+func (r *DistributedLockReconciler) keysForPod(ctx context.Context, obj client.Object) []KeyRequest {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return nil
 	}
-	var requests []reconcile.Request
+	var requests []KeyRequest
 	seen := map[string]bool{}
-	add := func(name string) {
-		if !seen[name] {
-			seen[name] = true
-			requests = append(requests, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: pod.Namespace, Name: name}})
+	add := func(lock *locksv1.DistributedLock) {
+		if key := effectiveKey(lock); !seen[key] {
+			seen[key] = true
+			requests = append(requests, KeyRequest{Key: key})
 		}
 	}
-	// The locks whose gate or marks the pod carries, which a reconcile of a
-	// lock that does not exist ignores.
+	// The locks whose gate or marks the pod carries.
 	for _, name := range locksOn(pod) {
-		add(name)
+		lock := &locksv1.DistributedLock{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, lock); err == nil {
+			add(lock)
+		} else if !apierrors.IsNotFound(err) {
+			log.FromContext(ctx).Error(err, "cannot read a lock a pod names", "pod", client.ObjectKeyFromObject(pod), "lock", name)
+		}
 	}
 	// The locks that may select it, by its labels; read-only, so the
 	// cache's objects are used as they are.
@@ -145,11 +178,12 @@ func (r *DistributedLockReconciler) locksForPod(ctx context.Context, obj client.
 		var locks locksv1.DistributedLockList
 		if err := r.List(ctx, &locks, client.InNamespace(pod.Namespace), client.MatchingFields{selectsIndex: value},
 			client.UnsafeDisableDeepCopy); err != nil {
-			return nil
+			log.FromContext(ctx).Error(err, "cannot list the locks that may select a pod", "pod", client.ObjectKeyFromObject(pod))
+			continue
 		}
 		for i := range locks.Items {
 			if selects(&locks.Items[i], pod) {
-				add(locks.Items[i].Name)
+				add(&locks.Items[i])
 			}
 		}
 	}

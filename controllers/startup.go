@@ -26,9 +26,12 @@ const defaultStartTimeout = 5 * time.Minute
 const evictionRetry = 5 * time.Second
 
 // watchStartup reports a holder the controller granted the lock to that has
-// not started within each lock's startTimeout, and evicts it if the lock
-// opts in; the lock is released once the pod is gone. Until the deadline,
-// it asks for a look at the key when it falls.
+// not started within each lock's startTimeout, counted from when its last
+// gate was lifted, and evicts it if the lock opts in; the lock is released
+// once the pod is gone. A holder still behind a gate (waiting for its next
+// lock) is waiting, not late. One that started and then crash-loops is
+// reported as such, never as not started. Until the deadline, it asks for
+// a look at the key when it falls.
 func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) error {
 	pod := s.holderPod()
 	for _, l := range s.locks {
@@ -36,32 +39,62 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 			meta.RemoveStatusCondition(&l.Status.Conditions, locksv1.ConditionHolderStarted)
 			continue
 		}
-		if started(pod) {
-			setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionTrue, "Started", pod.Name+" is running")
+		// A gate no lock can lift any more (its lock deleted, or no longer
+		// selecting the pod) keeps the pod from starting for good: that is
+		// late, not waiting.
+		_, problems, err := r.gateLocks(ctx, pod)
+		if err != nil {
+			return err
+		}
+		if gates := pod.Spec.SchedulingGates; len(gates) > 0 && len(problems) == 0 {
+			var names []string
+			for _, g := range gates {
+				names = append(names, g.Name)
+			}
+			setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionUnknown, "WaitingForGates",
+				fmt.Sprintf("%s holds the lock and waits behind its other scheduling gates: %s", pod.Name, strings.Join(names, ", ")))
 			continue
+		}
+		if started(pod) {
+			r.reportRestarts(s, l, pod)
+			continue
+		}
+		why := whyNotStarted(pod)
+		if len(problems) > 0 {
+			why = problems[0].message
 		}
 		timeout := defaultStartTimeout
 		if l.Spec.StartTimeout != nil {
 			timeout = l.Spec.StartTimeout.Duration
 		}
-		since := grantedAt(pod, l.Name)
+		since := lastMarked(pod)
+		if since.IsZero() {
+			since = time.Now()
+		}
 		if wait := time.Until(since.Add(timeout)); wait > 0 {
 			setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionUnknown, "Starting",
-				fmt.Sprintf("%s was granted the lock and has not started yet: %s", pod.Name, whyNotStarted(pod)))
+				fmt.Sprintf("%s was granted the lock and has not started yet: %s", pod.Name, why))
 			s.requeue(wait)
 			continue
 		}
 		// The message names the bound, not the time elapsed, so it stays
 		// the same and the status is not rewritten on every reconcile.
-		msg := fmt.Sprintf("%s has not started for %s: %s", pod.Name, shortDuration(timeout), whyNotStarted(pod))
+		msg := fmt.Sprintf("%s has not started for %s: %s", pod.Name, shortDuration(timeout), why)
 		was := meta.FindStatusCondition(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionHolderStarted)
 		if was == nil || was.Reason != "NotStarted" {
 			r.Recorder.Event(l, corev1.EventTypeWarning, "NotStarted", msg)
 		}
 		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionFalse, "NotStarted", msg)
 		if l.Spec.DeleteUnstarted && pod.DeletionTimestamp.IsZero() {
-			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+			// Only the pod seen here, as seen here: a pod that started since,
+			// or a new pod of the same name, is not evicted.
+			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+				DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID, ResourceVersion: &pod.ResourceVersion}}}
 			err := client.IgnoreNotFound(r.SubResource("eviction").Create(ctx, pod, eviction))
+			if apierrors.IsConflict(err) {
+				s.requeue(time.Second) // it changed: look again
+				continue
+			}
 			if apierrors.IsTooManyRequests(err) {
 				// A PodDisruptionBudget does not allow it now (or the API
 				// server throttles us). That is no failure to back off
@@ -80,46 +113,22 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 	return nil
 }
 
-// started reports whether the pod runs: phase Running, and every container
-// running (a crash-looping container waits, though the phase stays Running).
-func started(pod *corev1.Pod) bool {
-	if pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) == 0 {
-		return false
+// reportRestarts shows a holder that started: HolderStarted is True, with
+// the reason Restarting while a container waits to be restarted (a crash
+// loop), which a Warning Event tells once. It is never evicted for it: it
+// started, and a restart in place keeps the lock.
+func (r *DistributedLockReconciler) reportRestarts(s *scope, l *locksv1.DistributedLock, pod *corev1.Pod) {
+	which := restarting(pod)
+	if which == "" {
+		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionTrue, "Started", pod.Name+" has started")
+		return
 	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.State.Running == nil {
-			return false
-		}
+	msg := fmt.Sprintf("%s has started, and a container waits to be restarted in place (%s); it keeps the lock meanwhile", pod.Name, which)
+	was := meta.FindStatusCondition(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionHolderStarted)
+	if was == nil || was.Reason != "Restarting" {
+		r.Recorder.Event(l, corev1.EventTypeWarning, "HolderRestarting", msg)
 	}
-	return true
-}
-
-// grantedAt is when the pod was marked as the lock's holder, or now if the
-// mark is missing or unreadable.
-func grantedAt(pod *corev1.Pod, lock string) time.Time {
-	t, err := time.Parse(time.RFC3339, pod.Annotations[locksv1.SinceAnnotationPrefix+lock])
-	if err != nil {
-		return time.Now()
-	}
-	return t
-}
-
-// whyNotStarted says, from the pod's status, what keeps it from running.
-func whyNotStarted(pod *corev1.Pod) string {
-	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
-		if w := cs.State.Waiting; w != nil && w.Reason != "" {
-			return w.Reason
-		}
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason != "" {
-			return c.Reason
-		}
-	}
-	if pod.Spec.NodeName == "" {
-		return "not scheduled yet"
-	}
-	return "phase " + string(pod.Status.Phase)
+	setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionTrue, "Restarting", msg)
 }
 
 // shortDuration prints 5m rather than 5m0s.

@@ -2,11 +2,12 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -16,25 +17,25 @@ import (
 // computeStatuses sets each lock's status from the scope. A lock only ever
 // shows pods of its own namespace: a holder elsewhere is reported as such,
 // unnamed.
-func (r *DistributedLockReconciler) computeStatuses(s *scope) {
+func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scope) {
 	holderPod := s.holderPod()
-	waiting, queued := r.waiting(s), s.queued()
+	waiting, blocked := r.waiting(ctx, s)
+	r.tellWaiting(ctx, s, waiting, blocked)
+	queued := s.queued()
 	for _, l := range s.locks {
 		st := &l.Status
 		st.Key = s.key
-		setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the key is this namespace's to use")
+		if s.notReady != nil {
+			setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, s.notReady.reason, s.notReady.message)
+		} else {
+			setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the key is this namespace's to use")
+		}
 		switch {
 		case len(s.holders) == 0:
 			st.Holder = nil
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionFalse, "Free", "Nobody holds the lock")
 		case holderPod != nil && holderPod.Namespace == l.Namespace:
-			h := s.holders[0]
-			next := &locksv1.LockHolder{PodName: holderPod.Name, PodUID: string(h.podUID), OwnerID: string(h.owner),
-				GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now()}
-			if st.Holder != nil && st.Holder.OwnerID == next.OwnerID && st.Holder.Token == next.Token {
-				next.Since = st.Holder.Since
-			}
-			st.Holder = next
+			st.Holder = s.holderStatus(st.Holder)
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionTrue, "Held", "Held by pod "+holderPod.Name)
 		default:
 			st.Holder = nil
@@ -50,7 +51,7 @@ func (r *DistributedLockReconciler) computeStatuses(s *scope) {
 		default:
 			setCondition(l, locksv1.ConditionConflict, metav1.ConditionFalse, "NoConflict", "The holder in Redis is the pod granted the lock, or nobody")
 		}
-		st.Waiting = nil
+		st.Waiting, st.Blocked = nil, nil
 		lockWaiting := waiting
 		if !grantsFor(l) {
 			lockWaiting = queued
@@ -60,24 +61,79 @@ func (r *DistributedLockReconciler) computeStatuses(s *scope) {
 				st.Waiting = append(st.Waiting, p.Name)
 			}
 		}
-		st.WaitingCount = int32(len(st.Waiting))
-		r.Metrics.record(l, len(s.holders) > 0, len(st.Waiting))
+		for p, why := range blocked {
+			if p.Namespace == l.Namespace && hasGate(p, locksv1.GateFor(l.Name)) {
+				st.Blocked = append(st.Blocked, locksv1.BlockedPod{PodName: p.Name, Reason: why})
+			}
+		}
+		slices.SortFunc(st.Blocked, func(a, b locksv1.BlockedPod) int { return strings.Compare(a.PodName, b.PodName) })
+		// A lock's status stays small whatever the queue: the lists show
+		// the first ones, the count all.
+		st.WaitingCount = int32(len(st.Waiting) + len(st.Blocked))
+		st.Waiting, st.Blocked = st.Waiting[:min(len(st.Waiting), maxListed)], st.Blocked[:min(len(st.Blocked), maxListed)]
+		r.Metrics.record(l, len(s.holders) > 0, int(st.WaitingCount))
+	}
+	for _, l := range s.revoked {
+		r.revokedStatus(s, l)
+	}
+}
+
+// maxListed is how many pods status.waiting and status.blocked list at most.
+const maxListed = 100
+
+// holderStatus shows the key's holder, keeping the since-time of the same
+// ownership.
+func (s *scope) holderStatus(was *locksv1.LockHolder) *locksv1.LockHolder {
+	h := s.holders[0]
+	next := &locksv1.LockHolder{PodName: h.pod.Name, PodUID: string(h.podUID), OwnerID: string(h.owner),
+		GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now()}
+	if was != nil && was.OwnerID == next.OwnerID && was.Token == next.Token {
+		next.Since = was.Since
+	}
+	return next
+}
+
+// revokedStatus shows that the lock's namespace may not use its key, and
+// nothing of the key. A grant the lock made while it could stays recorded
+// (status.grant), and kept, until its pod stops (recordedGrantee).
+func (r *DistributedLockReconciler) revokedStatus(s *scope, l *locksv1.DistributedLock) {
+	st := &l.Status
+	st.Key = s.key
+	st.Holder, st.Waiting, st.Blocked, st.WaitingCount = nil, nil, nil, 0
+	setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
+		"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", s.key, l.Namespace))
+	for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
+		meta.RemoveStatusCondition(&l.Status.Conditions, c)
 	}
 }
 
 // waiting are the eligible candidates other than the holder and the
-// grantee, in the order they will be granted the key.
-func (r *DistributedLockReconciler) waiting(s *scope) []*corev1.Pod {
-	var out []*corev1.Pod
-	for _, p := range s.candidates {
-		if _, holds := s.heldBy(p.UID); holds || (s.grantee != nil && p.UID == s.grantee.UID) {
+// grantee, in the order they will be granted the key, and blocked are the
+// pods behind a gate of the scope's locks that are not, with why.
+func (r *DistributedLockReconciler) waiting(ctx context.Context, s *scope) (waiting []*corev1.Pod, blocked map[*corev1.Pod]string) {
+	blocked = map[*corev1.Pod]string{}
+	for _, p := range s.pods {
+		if _, holds := s.heldBy(p.UID); holds || (s.grantee != nil && p.UID == s.grantee.UID) || !s.mayUse[p.Namespace] {
 			continue
 		}
-		if ok, err := r.eligible(context.Background(), s, p); err == nil && ok {
-			out = append(out, p)
+		why, err := r.whyWaits(ctx, s, p)
+		switch {
+		case err != nil || why == stopping:
+		case why == "" && isCandidate(s, p):
+			waiting = append(waiting, p)
+		case why != "" && s.gatedByAny(p):
+			blocked[p] = why
 		}
 	}
-	return out
+	slices.SortFunc(waiting, func(a, b *corev1.Pod) int {
+		return s.candidateAt[a.UID] - s.candidateAt[b.UID]
+	})
+	return waiting, blocked
+}
+
+func isCandidate(s *scope, p *corev1.Pod) bool {
+	_, ok := s.candidateAt[p.UID]
+	return ok
 }
 
 // queued are the pods whose in-pod clients wait in Redis's queue for the
@@ -93,24 +149,4 @@ func (s *scope) queued() []*corev1.Pod {
 		}
 	}
 	return out
-}
-
-// stopTime is when the pod stopped, as far as the API shows: the last
-// container's end, or the last condition's change.
-func stopTime(pod *corev1.Pod) time.Time {
-	var latest time.Time
-	for _, cs := range pod.Status.ContainerStatuses {
-		if t := cs.State.Terminated; t != nil && t.FinishedAt.After(latest) {
-			latest = t.FinishedAt.Time
-		}
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.LastTransitionTime.After(latest) {
-			latest = c.LastTransitionTime.Time
-		}
-	}
-	if latest.IsZero() {
-		return time.Now()
-	}
-	return latest
 }

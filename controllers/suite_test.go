@@ -16,11 +16,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -33,6 +35,7 @@ import (
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/envtestassets"
+	"github.com/lockwarden/lockwarden/internal/manifests"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
@@ -79,6 +82,10 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if err := installAdmission(); err != nil {
+		fmt.Fprintln(os.Stderr, "install the admission policies:", err)
+		return 1
+	}
 	dir, err := os.MkdirTemp("", "controllers-redis")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -93,6 +100,28 @@ func run(m *testing.M) int {
 	defer srv.Stop()
 	redisAddr = srv.Addr
 	return m.Run()
+}
+
+// installAdmission creates the admission policies of config/admission, as
+// an install does. The API server enforces them a moment later: a test
+// relying on one waits for it (waitForFencing, waitForGating).
+func installAdmission() error {
+	for _, name := range []string{"fencing.yaml", "gate.yaml", "manager.yaml"} {
+		data, err := os.ReadFile(filepath.Join("..", "config", "admission", name))
+		if err != nil {
+			return err
+		}
+		objects, err := manifests.Decode(data)
+		if err != nil {
+			return err
+		}
+		for _, obj := range objects {
+			if err := k8s.Create(context.Background(), obj); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // harness is one running manager with the controller, as cmd/manager runs it.
@@ -127,6 +156,10 @@ type managerConfig struct {
 	observe func(client.Object)
 	// pods, if set, is the pod cache's filter (--pod-label-selector).
 	pods labels.Selector
+	// intercept, if not nil, is called before each API write by the
+	// controller, with the subresource written ("" for the object), and
+	// the function it returns, if any, with the write's outcome.
+	intercept func(obj client.Object, subresource string) func(error)
 }
 
 func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *harness {
@@ -146,6 +179,10 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 			observe(obj)
 		}
 	}
+	intercept := cfg.intercept
+	if intercept == nil {
+		intercept = func(client.Object, string) func(error) { return nil }
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -163,7 +200,7 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 			if err != nil {
 				return nil, err
 			}
-			return interceptor.NewClient(c, countWrites(count)), nil
+			return interceptor.NewClient(c, countWrites(intercept, count)), nil
 		},
 	})
 	if err != nil {
@@ -215,38 +252,59 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 	return h
 }
 
-// countWrites reports every write through the client, with its outcome.
-func countWrites(count func(client.Object, error)) interceptor.Funcs {
+// reconcileKey runs the manager's reconciler on the key at once, again
+// while it fails on a write conflict (its cache may lag the controller's
+// own writes, which every status write is preconditioned on, and the work
+// queue would retry), and fails the test on any other error.
+func reconcileKey(t testing.TB, h *harness, key string) ctrl.Result {
+	t.Helper()
+	for range 50 {
+		res, err := h.r.Reconcile(context.Background(), controllers.KeyRequest{Key: key})
+		if err == nil {
+			return res
+		}
+		if !strings.Contains(err.Error(), "the object has been modified") {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("reconciling %s conflicted 50 times in a row", key)
+	return ctrl.Result{}
+}
+
+// countWrites reports every write through the client, with its outcome,
+// after showing it to intercept.
+func countWrites(intercept func(client.Object, string) func(error), count func(client.Object, error)) interceptor.Funcs {
+	write := func(obj client.Object, subresource string, do func() error) error {
+		done := intercept(obj, subresource)
+		err := do()
+		if done != nil {
+			done(err)
+		}
+		count(obj, err)
+		return err
+	}
 	return interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-			err := c.Create(ctx, obj, opts...)
-			count(obj, err)
-			return err
+			return write(obj, "", func() error { return c.Create(ctx, obj, opts...) })
 		},
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-			err := c.Update(ctx, obj, opts...)
-			count(obj, err)
-			return err
+			return write(obj, "", func() error { return c.Update(ctx, obj, opts...) })
 		},
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			err := c.Patch(ctx, obj, patch, opts...)
-			count(obj, err)
-			return err
+			return write(obj, "", func() error { return c.Patch(ctx, obj, patch, opts...) })
 		},
 		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
-			err := c.Delete(ctx, obj, opts...)
-			count(obj, err)
-			return err
+			return write(obj, "", func() error { return c.Delete(ctx, obj, opts...) })
+		},
+		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			return write(obj, sub, func() error { return c.SubResource(sub).Create(ctx, obj, subObj, opts...) })
 		},
 		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-			err := c.SubResource(sub).Update(ctx, obj, opts...)
-			count(obj, err)
-			return err
+			return write(obj, sub, func() error { return c.SubResource(sub).Update(ctx, obj, opts...) })
 		},
 		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			err := c.SubResource(sub).Patch(ctx, obj, patch, opts...)
-			count(obj, err)
-			return err
+			return write(obj, sub, func() error { return c.SubResource(sub).Patch(ctx, obj, patch, opts...) })
 		},
 	}
 }
@@ -322,9 +380,45 @@ func newLock(ns, name, app string) *locksv1.DistributedLock {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: locksv1.DistributedLockSpec{
 			LeaseDuration: &metav1.Duration{Duration: 3 * time.Second},
-			Candidates:    locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": locksv1.LabelValue(app)}},
+			Candidates:    &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": locksv1.LabelValue(app)}},
 		},
 	}
+}
+
+// updateLock changes the lock as mutate says, again on a conflict with the
+// controller's own writes of it.
+func updateLock(t testing.TB, lock *locksv1.DistributedLock, mutate func(*locksv1.DistributedLock)) {
+	t.Helper()
+	write := func(l *locksv1.DistributedLock) error { return k8s.Update(context.Background(), l) }
+	if err := retryOnConflict(lock, mutate, write); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// updateLockStatus changes the lock's status as mutate says, again on a
+// conflict with the controller's own writes of it.
+func updateLockStatus(t testing.TB, lock *locksv1.DistributedLock, mutate func(*locksv1.DistributedLock)) error {
+	t.Helper()
+	return retryOnConflict(lock, mutate, func(l *locksv1.DistributedLock) error { return k8s.Status().Update(context.Background(), l) })
+}
+
+func retryOnConflict(lock *locksv1.DistributedLock, mutate func(*locksv1.DistributedLock), write func(*locksv1.DistributedLock) error) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l := &locksv1.DistributedLock{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(lock), l); err != nil {
+			return err
+		}
+		mutate(l)
+		return write(l)
+	})
+}
+
+// lockKey is the Redis key the lock names.
+func lockKey(lock *locksv1.DistributedLock) string {
+	if lock.Spec.Key != "" {
+		return lock.Spec.Key
+	}
+	return lock.Namespace + "/" + lock.Name
 }
 
 func getLock(t testing.TB, lock *locksv1.DistributedLock) *locksv1.DistributedLock {
@@ -345,10 +439,17 @@ func getPod(t testing.TB, pod *corev1.Pod) *corev1.Pod {
 	return got
 }
 
-// holderOf is the pod name in the lock's status, "" when free.
+// holderOf is the pod name in the lock's status, "" when free, once the
+// whole status shows it: a grant is recorded as the holder before its gate
+// is lifted, and the rest of the status (conditions, waiting order) is
+// written after.
 func holderOf(t testing.TB, lock *locksv1.DistributedLock) string {
-	if h := getLock(t, lock).Status.Holder; h != nil {
-		return h.PodName
+	st := getLock(t, lock).Status
+	if h := st.Holder; h != nil {
+		if c := meta.FindStatusCondition(st.Conditions, locksv1.ConditionHeld); c != nil && c.Message == "Held by pod "+h.PodName {
+			return h.PodName
+		}
+		return "(being written)"
 	}
 	return ""
 }

@@ -1,6 +1,10 @@
 package v1alpha1
 
 import (
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -30,6 +34,53 @@ const (
 	// Finalizer releases the lock in Redis before the resource goes away.
 	Finalizer = "locks.lockwarden.dev/release"
 )
+
+// MarkAnnotationPrefixes are the prefixes of the annotations a lock's marks
+// consist of, beside the holder label.
+var MarkAnnotationPrefixes = []string{OwnerAnnotationPrefix, TokenAnnotationPrefix, SinceAnnotationPrefix}
+
+// The opt-in of a pod, which the admission policy config/admission/gate.yaml
+// turns into the scheduling gates of the locks it names.
+const (
+	// LockLabel names the one lock a pod waits for, in its namespace.
+	LockLabel = "lockwarden.dev/lock"
+	// LocksAnnotation names, separated by commas, the locks a pod waits
+	// for, in its namespace, when it needs several.
+	LocksAnnotation = "lockwarden.dev/locks"
+	// CandidateLabel is set to "true" on every pod the admission policy
+	// gates, so that a manager watching only the pods with it
+	// (--pod-label-selector) sees them.
+	CandidateLabel = "lockwarden.dev/candidate"
+)
+
+// NamedLocks are the locks the pod names by LockLabel and LocksAnnotation,
+// each once.
+func NamedLocks(labels, annotations map[string]string) []string {
+	var names []string
+	add := func(name string) {
+		if name = strings.TrimSpace(name); name != "" && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	for _, name := range strings.Split(annotations[LocksAnnotation], ",") {
+		add(name)
+	}
+	add(labels[LockLabel])
+	return names
+}
+
+// SplitGates splits a pod's scheduling gates into lockwarden's, by lock
+// name, and other controllers'.
+func SplitGates(gates []corev1.PodSchedulingGate) (locks, foreign []string) {
+	for _, g := range gates {
+		if name, ok := strings.CutPrefix(g.Name, GatePrefix); ok {
+			locks = append(locks, name)
+		} else {
+			foreign = append(foreign, g.Name)
+		}
+	}
+	return locks, foreign
+}
 
 // GateFor is the scheduling gate by which a pod waits for the lock.
 func GateFor(lock string) string { return GatePrefix + lock }
@@ -90,8 +141,11 @@ type DistributedLockSpec struct {
 
 	// Candidates selects the pods, in the lock's namespace, that may hold
 	// the lock. In mode Grant they are granted it one at a time, oldest pod
-	// first; in mode Observe they take it themselves.
-	Candidates PodSelector `json:"candidates"`
+	// first; in mode Observe they take it themselves. Without it, the lock
+	// selects the pods that name it: with the label lockwarden.dev/lock set
+	// to its name, or in the annotation lockwarden.dev/locks.
+	// +optional
+	Candidates *PodSelector `json:"candidates,omitempty"`
 
 	// Mode says who takes the lock. Grant (the default): the controller
 	// takes it on behalf of one candidate at a time, and lifts the lock's
@@ -205,7 +259,7 @@ func (s PodSelector) LabelSelector() *metav1.LabelSelector {
 	return sel
 }
 
-// LockHolder is who holds the lock.
+// LockHolder is who holds the lock in Redis, as the controller last saw it.
 type LockHolder struct {
 	// PodName is the holder pod, when the owner ID maps to a pod.
 	// +optional
@@ -225,7 +279,40 @@ type LockHolder struct {
 	Since metav1.Time `json:"since"`
 }
 
+// BlockedPod is a pod behind a lock's gate that cannot be granted the lock
+// as things stand.
+type BlockedPod struct {
+	// PodName is the pod's name.
+	PodName string `json:"podName"`
+	// Reason says what holds it back.
+	Reason string `json:"reason"`
+}
+
+// LockGrant is the controller's record of its grant of the key to a pod of
+// the lock's namespace. It is written before any gate is lifted with the
+// grant, replaced only by a later grant once this one is over, and cleared
+// only once the API server shows the pod stopped or gone. Only the
+// controller writes a lock's status, so this record, not the pod's marks
+// (which its tenant can write), nor Redis (which can lose it, or show
+// somebody else meanwhile), is what the controller trusts.
+type LockGrant struct {
+	// PodName is the pod granted the key.
+	PodName string `json:"podName"`
+	// PodUID is its UID.
+	PodUID string `json:"podUID"`
+	// Token is the fencing token of the grant's latest hold.
+	Token int64 `json:"token"`
+	// GateLifted is true once this lock lifted its gate from the pod. The
+	// grant is then kept until the pod stops, even if the lock is deleted:
+	// its finalizer waits for the pod.
+	// +optional
+	GateLifted bool `json:"gateLifted,omitempty"`
+	// Since is when the grant was made.
+	Since metav1.Time `json:"since"`
+}
+
 // DistributedLockStatus is the observed state of the lock.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.highestToken) || (has(self.highestToken) && self.highestToken >= oldSelf.highestToken)",message="status.highestToken never decreases: a lower one comes from a manager that lost its grant"
 type DistributedLockStatus struct {
 	// ObservedGeneration is the generation last reconciled.
 	// +optional
@@ -240,15 +327,40 @@ type DistributedLockStatus struct {
 	Holder *LockHolder `json:"holder,omitempty"`
 	// Waiting are this namespace's candidate pods waiting for the lock, in
 	// the order they will be granted it, which every lock naming the key
-	// shares. In mode Observe: this namespace's pods whose clients are
-	// queued for the key in Redis, head first.
+	// shares; the first 100 of them (WaitingCount counts them all). In mode
+	// Observe: this namespace's pods whose clients are queued for the key in
+	// Redis, head first.
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=100
 	Waiting []string `json:"waiting,omitempty"`
-	// WaitingCount is len(Waiting), for kubectl's columns.
+	// Blocked are this namespace's pods behind this lock's gate that are not
+	// in the waiting order, each with what holds it back: a gate of another
+	// lock it takes first, another controller's gate, or a gate no lock can
+	// lift (see the pod's Events); the first 100 by name.
+	// +optional
+	// +listType=map
+	// +listMapKey=podName
+	// +kubebuilder:validation:MaxItems=100
+	Blocked []BlockedPod `json:"blocked,omitempty"`
+	// WaitingCount is every pod waiting for the lock, Waiting and Blocked,
+	// for kubectl's columns.
 	// +optional
 	WaitingCount int32 `json:"waitingCount,omitempty"`
-	// Conditions are Ready, Held and Conflict.
+	// Grant is the controller's record of its grant of the key to a pod of
+	// this namespace, while that grant lasts.
+	// +optional
+	Grant *LockGrant `json:"grant,omitempty"`
+	// HighestToken is the highest fencing token of the key's holders the
+	// controller has seen, recorded on every lock naming the key before it
+	// lifts any gate. It never decreases, and the admission policy in
+	// config/admission refuses to lift this lock's gate from a pod with a
+	// lower token: a manager that lost its grant (paused, or cut off, for
+	// longer than the lease) cannot ungate a pod after another manager
+	// granted the key again.
+	// +optional
+	HighestToken int64 `json:"highestToken,omitempty"`
+	// Conditions are Ready, Held, Conflict and HolderStarted.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -261,9 +373,11 @@ type DistributedLockStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=dlock,categories=lockwarden
 // +kubebuilder:printcolumn:name="Key",type=string,JSONPath=`.status.key`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.podName`
 // +kubebuilder:printcolumn:name="Token",type=integer,JSONPath=`.status.holder.token`
 // +kubebuilder:printcolumn:name="Waiting",type=integer,JSONPath=`.status.waitingCount`
+// +kubebuilder:printcolumn:name="Conflict",type=string,JSONPath=`.status.conditions[?(@.type=="Conflict")].status`
 // +kubebuilder:printcolumn:name="Lease",type=string,JSONPath=`.spec.leaseDuration`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as the value of the holder label"

@@ -1,11 +1,14 @@
 // Command lockwarden runs a command while holding a lockwarden Redis lock,
 // for jobs, such as CronJobs, that take the lock themselves instead of
-// waiting behind a DistributedLock's scheduling gate:
+// waiting behind a DistributedLock's scheduling gate, and explains why a pod
+// waits behind one:
 //
 //	lockwarden run --lock NAME -- CMD [ARG...]
+//	lockwarden why [-n NAMESPACE] POD
+//	lockwarden free (-n NAMESPACE | -A)
 //
 // `lockwarden run --help` documents the flags, the environment and the exit
-// statuses.
+// statuses; `lockwarden why --help` and `lockwarden free --help` theirs.
 package main
 
 import (
@@ -26,6 +29,10 @@ func lockwarden(args []string) int {
 	switch {
 	case len(args) > 0 && args[0] == "run":
 		return runMain(args[1:])
+	case len(args) > 0 && args[0] == "why":
+		return whyMain(args[1:], os.Stdout, os.Stderr)
+	case len(args) > 0 && args[0] == "free":
+		return freeMain(args[1:], os.Stdout, os.Stderr)
 	case len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help"):
 		usage(os.Stdout)
 		return 0
@@ -99,7 +106,7 @@ func newFlagSet(g *guard, skip *bool) *flag.FlagSet {
 // usageHint is printed after a usage error.
 const usageHint = usageLine + "Run 'lockwarden run --help' for the flags and exit statuses.\n"
 
-const usageLine = "Usage: lockwarden run [flags] -- CMD [ARG...]\n"
+const usageLine = "Usage: lockwarden run [flags] -- CMD [ARG...]\n       lockwarden why [-n NAMESPACE] POD\n       lockwarden free (-n NAMESPACE | -A)\n"
 
 func usage(w io.Writer) {
 	fmt.Fprint(w, usageLine+`

@@ -111,7 +111,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	create(ns)
 	create(&locksv1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "secret-project-leader"},
-		Spec:       locksv1.DistributedLockSpec{Candidates: locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "x"}}},
+		Spec:       locksv1.DistributedLockSpec{Candidates: &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "x"}}},
 	})
 
 	url := "https://" + metricsAddr + "/metrics"

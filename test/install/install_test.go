@@ -256,7 +256,7 @@ func runAsDeployed(t *testing.T, deploy *appsv1.Deployment) {
 	}
 	lock := &locksv1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Namespace: appNS.Name, Name: "leader"},
-		Spec:       locksv1.DistributedLockSpec{Candidates: locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "image-run"}}},
+		Spec:       locksv1.DistributedLockSpec{Candidates: &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": "image-run"}}},
 	}
 	if err := k8s.Create(ctx, lock); err != nil {
 		t.Fatal(err)

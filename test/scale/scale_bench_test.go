@@ -511,7 +511,7 @@ func newLock(ns, name, app string, lease time.Duration) *locksv1.DistributedLock
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: locksv1.DistributedLockSpec{
 			LeaseDuration: &metav1.Duration{Duration: lease},
-			Candidates:    locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": locksv1.LabelValue(app)}},
+			Candidates:    &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"app": locksv1.LabelValue(app)}},
 		},
 	}
 }

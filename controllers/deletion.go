@@ -1,0 +1,137 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// finalizeDeleted lets each lock being deleted go once its promise is kept.
+// A pod whose gate the lock lifted keeps its grant until it stops: a lifted
+// gate cannot be put back, so the grant must go on excluding every other
+// guarded pod, and the lock stays (Terminating) until then, as a
+// PersistentVolumeClaim stays while a pod uses it. Then the lock releases
+// the grants it leaves nobody to claim, removes its marks and lets go.
+func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scope) error {
+	var errs []error
+	for _, d := range s.deleting {
+		if p := s.waitsFor(d); p != nil {
+			setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, "WaitingForHolder", fmt.Sprintf(
+				"being deleted: pod %s, whose gate this lock lifted, keeps %s until it stops, and the lock goes then; to end its run now, delete the pod", p.Name, s.key))
+			continue
+		}
+		if err := r.releaseGrantsOf(ctx, s, d); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		// One lock's failure to go does not hold the others back.
+		if err := r.letGo(ctx, s, d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return kerrors.NewAggregate(errs)
+}
+
+// letGo removes the lock's finalizer: it has nothing left to release.
+func (r *DistributedLockReconciler) letGo(ctx context.Context, s *scope, d *locksv1.DistributedLock) error {
+	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.RemoveFinalizer(d, locksv1.Finalizer)
+	if err := r.Patch(ctx, d, patch); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	delete(s.before, client.ObjectKeyFromObject(d)) // gone: no status to write
+	r.Metrics.forget(client.ObjectKeyFromObject(d))
+	return nil
+}
+
+// waitsFor is the pod the deleting lock's status records it lifted its gate
+// from, if that pod has not stopped: the lock keeps its grant until then.
+func (s *scope) waitsFor(d *locksv1.DistributedLock) *corev1.Pod {
+	st := d.Status.Grant
+	if st == nil || !st.GateLifted {
+		return nil
+	}
+	if p := s.byUID[types.UID(st.PodUID)]; p != nil && p.Namespace == d.Namespace && !stopped(p) {
+		return p
+	}
+	return nil
+}
+
+// releaseGrantsOf releases, for a lock being deleted, the grants of its key
+// to pods of its namespace that no live lock there selects, gates or marks
+// (deleting a lock is deleting its promise: a leader elected through it
+// stops being one), and removes the lock's marks. A grant whose gate any
+// lock of the key lifted is never released here while its pod runs: the
+// lock that lifted it waits for it, whether it is live, refused or being
+// deleted too. In-pod clients' holds are
+// the pods' own. Its pods still behind its gate stay gated, and are told
+// why (gates.go).
+func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scope, d *locksv1.DistributedLock) error {
+	remaining := s.locksIn(d.Namespace)
+	claimed := func(p *corev1.Pod) bool {
+		for _, l := range remaining {
+			if selects(l, p) || hasGate(p, locksv1.GateFor(l.Name)) || markedBy(p, l.Name) {
+				return true
+			}
+		}
+		return false
+	}
+	var kept []holder
+	for _, h := range s.holders {
+		name := ""
+		switch gone, isGone := s.gone[h.podUID]; {
+		case !h.byController():
+		case h.pod != nil && !stopped(h.pod) && s.liftedFor(h.pod):
+		case h.pod != nil && h.pod.Namespace == d.Namespace && !claimed(h.pod):
+			name = h.pod.Name
+		case h.pod == nil && isGone && gone.Namespace == d.Namespace:
+			name = gone.Name
+		}
+		if name == "" {
+			kept = append(kept, h)
+			continue
+		}
+		if _, err := s.client.ForceRelease(ctx, s.key, string(h.podUID)); err != nil {
+			return err
+		}
+		r.grants.drop(s.key, h.podUID)
+		// The grant is over: no lock of the namespace records it any more.
+		for _, l := range s.locksIn(d.Namespace) {
+			if g := l.Status.Grant; g != nil && g.PodUID == string(h.podUID) {
+				l.Status.Grant = nil
+			}
+		}
+		r.Recorder.Eventf(d, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", s.key, name)
+		r.Metrics.transition(d, "released")
+	}
+	s.holders = kept
+	// A grant lost while its pod runs (kept without a hold, see keepGrants)
+	// ends with the lock too, unless a lock left claims the pod.
+	if g := r.grants.get(s.key); g != nil && g.hold == nil && g.pod.Namespace == d.Namespace {
+		if p := s.byUID[g.podUID]; p == nil || !claimed(p) {
+			r.grants.drop(s.key, g.podUID)
+		}
+	}
+	// The marks are for display: one that cannot be cleared (a pod its
+	// tenant made hard to patch) does not keep the lock from going.
+	for _, p := range s.pods {
+		if p.Namespace != d.Namespace || !carriesMarks(p, d.Name) {
+			continue
+		}
+		want := p.DeepCopy()
+		clearMarks(want, d.Name)
+		if err := r.patchPod(ctx, p, want); err != nil {
+			log.FromContext(ctx).Error(err, "cannot clear a deleted lock's marks", "lock", client.ObjectKeyFromObject(d), "pod", client.ObjectKeyFromObject(p))
+		}
+	}
+	return nil
+}

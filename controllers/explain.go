@@ -1,0 +1,97 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// No pod waits unexplained: a pod behind a lockwarden gate is told, in
+// Events of its own, where it stands. A pod whose gate no lock can lift is
+// told by the gate checker (gates.go); the others here.
+
+// toldPods are, by key, the pods told where they stand, with what they were
+// told: each is told once, and again only when that changes. Only the
+// key's reconcile, one at a time, reads or writes its entry, which holds
+// the pods waiting for the key now and nothing else.
+type toldPods struct{ m sync.Map } // string -> map[types.UID]string
+
+// tellGranted tells the pod, and the locks of its namespace, that it was
+// granted the key (once the grant is recorded), and the pod which locks it
+// still waits for before it can start.
+func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token int64) {
+	r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, token)
+	for _, l := range s.locksIn(pod.Namespace) {
+		r.Metrics.transition(l, "acquired")
+	}
+	var others []string
+	for _, g := range pod.Spec.SchedulingGates {
+		name, ours := strings.CutPrefix(g.Name, locksv1.GatePrefix)
+		if ours && !s.gatesFor(pod, name) {
+			others = append(others, name)
+		}
+	}
+	msg := fmt.Sprintf("Granted %s with fencing token %d", s.key, token)
+	if len(others) > 0 {
+		msg += fmt.Sprintf("; it holds it while it waits for lock %s before it can start", strings.Join(others, ", "))
+	}
+	r.Recorder.Event(pod, corev1.EventTypeNormal, "Granted", msg)
+}
+
+// gatesFor reports whether the named lock of the pod's namespace is one of
+// the scope's live locks.
+func (s *scope) gatesFor(pod *corev1.Pod, lock string) bool {
+	for _, l := range s.locksIn(pod.Namespace) {
+		if l.Name == lock {
+			return true
+		}
+	}
+	return false
+}
+
+// tellWaiting tells each guarded pod waiting for the key its place in the
+// order, and each blocked one what holds it back: another lock it takes
+// first, or another controller's gate.
+func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, waiting []*corev1.Pod, blocked map[*corev1.Pod]string) {
+	before, _ := r.told.m.Load(s.key)
+	told, _ := before.(map[types.UID]string)
+	now := map[types.UID]string{}
+	// Places count only the pod's own namespace's waiting pods: another
+	// namespace's are none of its business.
+	guarded, place := map[string]int{}, map[string]int{}
+	for _, p := range waiting {
+		if s.gatedByAny(p) {
+			guarded[p.Namespace]++
+		}
+	}
+	for _, p := range waiting {
+		if !s.gatedByAny(p) {
+			continue
+		}
+		place[p.Namespace]++
+		now[p.UID] = "queued"
+		if told[p.UID] != "queued" {
+			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Queued", "Waiting for %s: place %d of %d", s.key, place[p.Namespace], guarded[p.Namespace])
+		}
+	}
+	for p, why := range blocked {
+		if _, problems, err := s.gateLocksOf(ctx, r, p); err != nil || len(problems) > 0 {
+			continue // the gate checker tells it
+		}
+		now[p.UID] = why
+		if told[p.UID] != why {
+			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Waiting", "Waiting for %s: %s", s.key, why)
+		}
+	}
+	if len(now) > 0 {
+		r.told.m.Store(s.key, now)
+	} else if told != nil {
+		r.told.m.Delete(s.key)
+	}
+}

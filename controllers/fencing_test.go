@@ -1,0 +1,166 @@
+package controllers_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/redistest"
+)
+
+// liftGateOf removes the lock's gate from the pod, writing the token
+// annotation with it when token is not "", as the controller's ungate does.
+func liftGateOf(pod *corev1.Pod, lock, token string) error {
+	p := &corev1.Pod{}
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(pod), p); err != nil {
+		return err
+	}
+	p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gateFor(lock) })
+	if token != "" {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[locksv1.TokenAnnotationPrefix+lock] = token
+	}
+	return k8s.Update(context.Background(), p)
+}
+
+// The admission policy of config/admission refuses to lift a lock's gate
+// with a fencing token below the highest the lock records, and the record
+// never decreases. A lift that carries no token (by hand) is not checked.
+func TestFencingPolicyRefusesAStaleLift(t *testing.T) {
+	ns := newNamespace(t)
+	lock := createLock(t, ns, "fenced", "job")
+	l := getLock(t, lock)
+	l.Status.HighestToken = 100
+	if err := k8s.Status().Update(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	l.Status.HighestToken = 99
+	if err := k8s.Status().Update(context.Background(), l); !apierrors.IsInvalid(err) {
+		t.Fatalf("lowering status.highestToken: %v, want Invalid", err)
+	}
+
+	stale := createPod(t, ns, "stale", "job", gatedBy("fenced"))
+	eventually(t, "the policy to refuse a lift with token 5", func() bool {
+		err := liftGateOf(stale, "fenced", "5")
+		return err != nil && strings.Contains(err.Error(), "below 100")
+	})
+	if !gatedWith(getPod(t, stale), gateFor("fenced")) {
+		t.Fatal("the stale lift went through")
+	}
+	if err := liftGateOf(createPod(t, ns, "fresh", "job", gatedBy("fenced")), "fenced", "100"); err != nil {
+		t.Fatalf("a lift with the highest token was refused: %v", err)
+	}
+	if err := liftGateOf(createPod(t, ns, "manual", "job", gatedBy("fenced")), "fenced", ""); err != nil {
+		t.Fatalf("a lift by hand, with no token, was refused: %v", err)
+	}
+}
+
+// Case 10: a manager paused mid-grant, for longer than its grant lasts,
+// lifts no gate when it wakes. Manager A takes the key in Redis for pod x,
+// and is paused (its API writes held, its Redis cut off) just before it
+// writes, at pauseAt: the record of its grant, or x's ungate. Meanwhile
+// Redis restarts empty, a selector edit leaves x out, and manager B settles
+// the key: with no record of A's grant, it grants y; with the record, it
+// keeps x's grant (sticky), whatever the selector says. When A wakes, the
+// API server refuses its stale write, and never do both x and y run.
+func TestAPausedManagerLiftsNoGate(t *testing.T) {
+	for _, pauseAt := range []string{"the fencing record", "the ungate"} {
+		t.Run(strings.ReplaceAll(pauseAt, " ", "-"), func(t *testing.T) {
+			pausedManagerScenario(t, pauseAt)
+		})
+	}
+}
+
+func pausedManagerScenario(t *testing.T, pauseAt string) {
+	srv := redistest.Start(t)
+	cut := redistest.StartProxy(t, srv.Addr)
+	ns := newNamespace(t)
+	var armed atomic.Bool
+	armed.Store(true)
+	paused, wake, woke := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	// A's first write of the kind pauseAt names, for pod x's grant, stops
+	// A: its Redis goes quiet at once, its write waits for the wake.
+	pauses := func(obj client.Object, sub string) bool {
+		if pauseAt == "the ungate" {
+			pod, ok := obj.(*corev1.Pod)
+			return ok && pod.Name == "x" && sub == "" && !gatedWith(pod, gateFor("singleton"))
+		}
+		_, ok := obj.(*locksv1.DistributedLock)
+		return ok && sub == "status" && obj.GetNamespace() == ns
+	}
+	a := startManagerOn(t, managerConfig{redisAddr: cut.Addr, namespaces: []string{ns},
+		intercept: func(obj client.Object, sub string) func(error) {
+			if !pauses(obj, sub) || !armed.CompareAndSwap(true, false) {
+				return nil
+			}
+			cut.Cut()
+			close(paused)
+			<-wake
+			return func(err error) { woke <- err }
+		}})
+	x := createPod(t, ns, "x", "job", gatedBy("singleton"), withLabels(map[string]string{"app": "job", "run": "x"}))
+	y := createPod(t, ns, "y", "job", gatedBy("singleton"), withLabels(map[string]string{"app": "job", "run": "y"}))
+	lock := createLock(t, ns, "singleton", "job")
+	select {
+	case <-paused:
+	case <-time.After(20 * time.Second):
+		t.Fatal("manager A never came to " + pauseAt)
+	}
+	waitForFencing(t)
+
+	// During the pause: Redis restarts without its data, and the selector
+	// is edited to leave x out, which takes effect at the next grant.
+	srv.Stop()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Spec.Candidates.MatchLabels["run"] = "y" })
+	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns}})
+	ungated := func(p *corev1.Pod) bool { return !gatedWith(getPod(t, p), gateFor("singleton")) }
+	if pauseAt == "the fencing record" {
+		eventually(t, "manager B, with no record of A's grant, to grant y", func() bool { return ungated(y) })
+	} else {
+		eventually(t, "manager B to keep x's recorded grant", func() bool { return ungated(x) })
+	}
+
+	close(wake)
+	select {
+	case err := <-woke:
+		if err == nil {
+			t.Fatalf("A's stale write after %s went through", pauseAt)
+		}
+		t.Logf("A's stale write was refused: %v", err)
+	case <-time.After(20 * time.Second):
+		if pauseAt == "the ungate" {
+			t.Fatal("A's ungate never returned")
+		}
+	}
+	a.stop()
+	settle()
+	if ungated(x) && ungated(y) {
+		t.Fatal("x and y were both ungated")
+	}
+}
+
+// waitForFencing waits until the API server enforces the fencing policy,
+// which it does a moment after the policy is created.
+func waitForFencing(t *testing.T) {
+	t.Helper()
+	ns := newNamespace(t)
+	lock := createLock(t, ns, "probe", "probe")
+	if err := updateLockStatus(t, lock, func(l *locksv1.DistributedLock) { l.Status.HighestToken = 2 }); err != nil {
+		t.Fatal(err)
+	}
+	probe := createPod(t, ns, "probe", "probe", gatedBy("probe"))
+	eventually(t, "the fencing policy to be enforced", func() bool { return liftGateOf(probe, "probe", "1") != nil })
+}

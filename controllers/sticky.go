@@ -1,0 +1,173 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
+)
+
+// keepGrants keeps a grant sticky: a pod the controller granted the key to
+// keeps it until the pod stops. If Redis lost the key, it is taken again for
+// the same pod; if somebody else took it, the locks report a conflict and
+// nobody else is granted it.
+func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) error {
+	// A grant this process holds is lost if its lease ended, or if Redis no
+	// longer shows it (the watchdog may not have noticed yet). Its pod keeps
+	// the grant while it runs: the record stays, without a hold, so that the
+	// pod stays known (knownHolders) even if the cache lacks it, until it
+	// stops or the key is held for it again.
+	if g := r.grants.get(s.key); g != nil && g.hold == nil {
+		if p := s.byUID[g.podUID]; p == nil || stopped(p) {
+			r.grants.drop(s.key, g.podUID)
+		}
+	} else if g != nil {
+		h, held := s.heldBy(g.podUID)
+		if g.hold.Err() != nil || !held || !h.byController() {
+			r.grants.drop(s.key, g.podUID)
+			if p := s.byUID[g.podUID]; p != nil && !released(g.hold) {
+				// Not for a namespace that may no longer use the key.
+				if !stopped(p) && s.mayHoldGrant(p) {
+					r.grants.put(s.key, &grant{podUID: g.podUID, pod: g.pod})
+				}
+				cause := redislock.ErrNotOwner
+				if err := g.hold.Err(); err != nil {
+					cause = err
+				}
+				log.FromContext(ctx).Info("lost a lock held for a pod", "key", s.key, "pod", p.Name, "cause", cause.Error())
+				r.eventf(s, p.Namespace, corev1.EventTypeWarning, "Lost", "Lost %s held for pod %s: %s", s.key, p.Name, redactLoss(cause))
+				for _, l := range s.locksIn(p.Namespace) {
+					r.Metrics.transition(l, "lost")
+				}
+			}
+		}
+	}
+	pod := s.grantee
+	if pod == nil {
+		return nil
+	}
+	if h, ok := s.heldBy(pod.UID); ok && h.byController() {
+		return r.adopt(ctx, s, pod)
+	}
+	if len(s.holders) == 0 {
+		terms, c, err := r.clientFor(s, pod)
+		if err != nil {
+			return err
+		}
+		hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
+		switch {
+		case err == nil:
+			r.remember(s, pod, terms, hold)
+			s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
+			s.info.Token, s.fresh = hold.Token(), true
+			r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
+				"Took %s again for pod %s, which was granted it and has not stopped, with fencing token %d", s.key, pod.Name, hold.Token())
+			return nil
+		case errors.Is(err, redislock.ErrWaitTimeout):
+			if err := s.reread(ctx); err != nil {
+				return err
+			}
+			if h, ok := s.heldBy(pod.UID); ok && h.byController() {
+				return nil
+			}
+		default:
+			return err
+		}
+	}
+	s.conflict = true
+	for _, l := range append(s.locksIn(pod.Namespace), s.deletingIn(pod.Namespace)...) {
+		if !meta.IsStatusConditionTrue(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionConflict) {
+			r.Recorder.Eventf(l, corev1.EventTypeWarning, "Conflict",
+				"Another owner holds %s in Redis, but pod %s was granted it and has not stopped; nobody else is granted the lock until it stops", s.key, pod.Name)
+		}
+	}
+	return nil
+}
+
+// adopt takes over the renewal of a grant made before the manager restarted
+// (or by another manager replica), keeping its fencing token.
+func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *corev1.Pod) error {
+	if g := r.grants.get(s.key); g != nil && g.podUID == pod.UID && g.hold != nil && g.hold.Err() == nil {
+		return nil
+	}
+	terms, c, err := r.clientFor(s, pod)
+	if err != nil {
+		return err
+	}
+	hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
+	if errors.Is(err, redislock.ErrWaitTimeout) {
+		return nil // lost meanwhile; the next reconcile sees who holds it
+	}
+	if err != nil {
+		return err
+	}
+	r.remember(s, pod, terms, hold)
+	log.FromContext(ctx).Info("adopted a lock held in Redis", "key", s.key, "pod", pod.Name, "token", hold.Token())
+	return nil
+}
+
+// remember records a grant and arranges for its loss to wake the locks
+// naming its key.
+func (r *DistributedLockReconciler) remember(s *scope, pod *corev1.Pod, terms leaseTerms, hold *handle) {
+	r.grants.put(s.key, &grant{podUID: pod.UID, pod: client.ObjectKeyFromObject(pod), hold: hold})
+	r.Locks.track(terms, hold)
+	key := s.key
+	context.AfterFunc(hold.Context(), func() {
+		if !released(hold) {
+			r.wake(key)
+		}
+	})
+}
+
+// wake queues a reconcile of the key.
+func (r *DistributedLockReconciler) wake(key string) {
+	select {
+	case r.lost <- event.TypedGenericEvent[string]{Object: key}:
+	case <-r.stopped:
+	}
+}
+
+// redactLoss names the cause of a lost lease without Redis's own words.
+func redactLoss(err error) string {
+	switch {
+	case errors.Is(err, redislock.ErrNotOwner):
+		return "another owner holds it, or Redis lost it"
+	case errors.Is(err, redislock.ErrLeaseLost):
+		return "no renewal succeeded within the lease"
+	}
+	return "the lease ended"
+}
+
+// clientFor is the Client, and its lease terms, through which the key is
+// held for the pod: those of the lock that grants it to the pod, the first
+// by name of its namespace's locks that records lifting its gate, else
+// gates it, else selects it, else marked it. A grant keeps its own lock's
+// terms: another tenant's lock on a shared key cannot shorten it.
+func (r *DistributedLockReconciler) clientFor(s *scope, pod *corev1.Pod) (leaseTerms, *redislock.Client, error) {
+	terms := defaultTerms
+	locks := append(append(s.locksIn(pod.Namespace), s.deletingIn(pod.Namespace)...), s.revoked...)
+	for _, claims := range []func(*locksv1.DistributedLock) bool{
+		func(l *locksv1.DistributedLock) bool {
+			st := l.Status.Grant
+			return st != nil && st.GateLifted && st.PodUID == string(pod.UID)
+		},
+		func(l *locksv1.DistributedLock) bool { return hasGate(pod, locksv1.GateFor(l.Name)) },
+		func(l *locksv1.DistributedLock) bool { return selects(l, pod) },
+		func(l *locksv1.DistributedLock) bool { return markedBy(pod, l.Name) },
+	} {
+		if i := slices.IndexFunc(locks, func(l *locksv1.DistributedLock) bool { return l.Namespace == pod.Namespace && claims(l) }); i >= 0 {
+			terms = termsOf(locks[i])
+			break
+		}
+	}
+	c, err := r.Locks.For(terms)
+	return terms, c, err
+}
