@@ -38,6 +38,10 @@ INSTALLER ?= dist/install.yaml
 # config/trial-redis to try lockwarden out with a Redis of its own.
 DEPLOY_CONFIG ?= config/default
 SOAK_ACQUISITIONS ?= 1000000
+# make fault: how long the plane's random fault run injects faults, and the
+# seed to replay (empty: a new one, printed).
+FAULT_DURATION ?= 20m
+FAULT_SEED ?=
 
 .DEFAULT_GOAL := help
 SHELL := /usr/bin/env bash -o pipefail
@@ -99,6 +103,10 @@ test-k8s-oldest: test-deps ## Run the install tests (make's install targets, the
 .PHONY: soak
 soak: test-deps ## Run the fault soak longer than `make test` does: SOAK_ACQUISITIONS (default 1,000,000) under random faults.
 	LOCKWARDEN_SOAK_ACQUISITIONS=$(SOAK_ACQUISITIONS) $(GO) test -race -count=1 -timeout 12h -run '^TestSoak$$' -v ./pkg/redislock/
+
+.PHONY: fault
+fault: test-deps ## Run the random fault run on the local control plane (test/e2e TestFaultRun: two manager replicas, leader kills and pauses, Redis and API server faults) for FAULT_DURATION (default 20m) instead of make test's 2m; FAULT_SEED replays a run's choices.
+	LOCKWARDEN_FAULT_DURATION=$(FAULT_DURATION) LOCKWARDEN_FAULT_SEED=$(FAULT_SEED) KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -race -count=1 -timeout 4h -run '^TestFaultRun$$' -v ./test/e2e/
 
 # The last line runs the manager binary at issue 15's scale: 10,000 locks and
 # 130,000 pods take 15-20 minutes on two cores, most of it creating the pods.

@@ -77,6 +77,7 @@ func stripPod(obj any) (any, error) {
 			EphemeralContainers: stripEphemeral(pod.Spec.EphemeralContainers),
 		},
 		Status: corev1.PodStatus{
+			ObservedGeneration:         pod.Status.ObservedGeneration,
 			Phase:                      pod.Status.Phase,
 			Conditions:                 stripConditions(pod.Status.Conditions),
 			InitContainerStatuses:      stripContainerStatuses(pod.Status.InitContainerStatuses),

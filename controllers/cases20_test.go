@@ -72,6 +72,14 @@ func restarted(cs *corev1.ContainerStatus, code int32) {
 	cs.RestartCount++
 }
 
+// kubeletSawDeletion reports the pod's status as a kubelet does once it has
+// seen the pod's deletion: with the generation the deletion gave the pod as
+// status.observedGeneration.
+func kubeletSawDeletion(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	setStatus(t, pod, func(st *corev1.PodStatus) { st.ObservedGeneration = getPod(t, pod).Generation })
+}
+
 // eventOn reports whether an Event with the reason was recorded on the
 // object of the kind and name.
 func eventOn(t *testing.T, ns, kind, name, reason string) bool {
@@ -464,6 +472,7 @@ func TestASidecarStillRunningKeepsTheLock(t *testing.T) {
 	if err := k8s.Delete(context.Background(), run1); err != nil {
 		t.Fatal(err)
 	}
+	kubeletSawDeletion(t, run1)
 	setStatus(t, run1, func(st *corev1.PodStatus) { st.ContainerStatuses[0].State = exited(0) })
 	settle()
 	if !gatedWith(getPod(t, run2), gateFor("singleton")) || !holds(t, key, run1) {
@@ -494,12 +503,8 @@ func TestMarksLeftByAGoneLockAreNoGrant(t *testing.T) {
 	if err := rdb.Del(context.Background(), key).Err(); err != nil { // its lease ran out
 		t.Fatal(err)
 	}
-	l := getLock(t, lock)
-	controllerutil.RemoveFinalizer(l, locksv1.Finalizer)
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	deleteLock(t, l)
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { controllerutil.RemoveFinalizer(l, locksv1.Finalizer) })
+	deleteLock(t, lock)
 	eventually(t, "the lock to go", func() bool { return lockGone(t, lock) })
 	time.Sleep(1100 * time.Millisecond) // marks are timed to the second
 

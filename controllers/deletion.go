@@ -7,8 +7,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -20,6 +22,7 @@ import (
 // PersistentVolumeClaim stays while a pod uses it. Then the lock releases
 // the grants it leaves nobody to claim, removes its marks and lets go.
 func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scope) error {
+	var errs []error
 	for _, d := range s.deleting {
 		if p := s.waitsFor(d); p != nil {
 			setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, "WaitingForHolder", fmt.Sprintf(
@@ -27,24 +30,34 @@ func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scop
 			continue
 		}
 		if err := r.releaseGrantsOf(ctx, s, d); err != nil {
-			return err
+			errs = append(errs, err)
+			continue
 		}
-		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.RemoveFinalizer(d, locksv1.Finalizer)
-		if err := r.Patch(ctx, d, patch); client.IgnoreNotFound(err) != nil {
-			return err
+		// One lock's failure to go does not hold the others back.
+		if err := r.letGo(ctx, s, d); err != nil {
+			errs = append(errs, err)
 		}
-		delete(s.before, client.ObjectKeyFromObject(d)) // gone: no status to write
-		r.Metrics.forget(client.ObjectKeyFromObject(d))
 	}
+	return kerrors.NewAggregate(errs)
+}
+
+// letGo removes the lock's finalizer: it has nothing left to release.
+func (r *DistributedLockReconciler) letGo(ctx context.Context, s *scope, d *locksv1.DistributedLock) error {
+	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.RemoveFinalizer(d, locksv1.Finalizer)
+	if err := r.Patch(ctx, d, patch); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	delete(s.before, client.ObjectKeyFromObject(d)) // gone: no status to write
+	r.Metrics.forget(client.ObjectKeyFromObject(d))
 	return nil
 }
 
 // waitsFor is the pod the deleting lock's status records it lifted its gate
 // from, if that pod has not stopped: the lock keeps its grant until then.
 func (s *scope) waitsFor(d *locksv1.DistributedLock) *corev1.Pod {
-	st := d.Status.Holder
-	if st == nil || !st.GrantedByController || !st.GateLifted {
+	st := d.Status.Grant
+	if st == nil || !st.GateLifted {
 		return nil
 	}
 	if p := s.byUID[types.UID(st.PodUID)]; p != nil && p.Namespace == d.Namespace && !stopped(p) {
@@ -91,6 +104,12 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 			return err
 		}
 		r.grants.drop(s.key, h.podUID)
+		// The grant is over: no lock of the namespace records it any more.
+		for _, l := range s.locksIn(d.Namespace) {
+			if g := l.Status.Grant; g != nil && g.PodUID == string(h.podUID) {
+				l.Status.Grant = nil
+			}
+		}
 		r.Recorder.Eventf(d, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", s.key, name)
 		r.Metrics.transition(d, "released")
 	}
@@ -102,6 +121,8 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 			r.grants.drop(s.key, g.podUID)
 		}
 	}
+	// The marks are for display: one that cannot be cleared (a pod its
+	// tenant made hard to patch) does not keep the lock from going.
 	for _, p := range s.pods {
 		if p.Namespace != d.Namespace || !carriesMarks(p, d.Name) {
 			continue
@@ -109,7 +130,7 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		want := p.DeepCopy()
 		clearMarks(want, d.Name)
 		if err := r.patchPod(ctx, p, want); err != nil {
-			return err
+			log.FromContext(ctx).Error(err, "cannot clear a deleted lock's marks", "lock", client.ObjectKeyFromObject(d), "pod", client.ObjectKeyFromObject(p))
 		}
 	}
 	return nil

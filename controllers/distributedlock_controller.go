@@ -101,6 +101,11 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyReques
 	if err := r.addFinalizers(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
+	for _, l := range s.ungiven {
+		if err := r.letGo(ctx, s, l); err != nil {
+			log.FromContext(ctx).Error(err, "cannot let a refused lock go", "lock", client.ObjectKeyFromObject(l))
+		}
+	}
 	result, err := r.runPhases(ctx, s)
 	return result, kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
 }
@@ -141,6 +146,7 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		run  func(context.Context, *scope) error
 	}{
 		{"release stopped holders", r.releaseStopped},
+		{"forget ended grants", r.forgetEndedGrants},
 		{"keep grants", r.keepGrants},
 		{"grant", r.grantNext},
 		{"record the grant", r.recordGrant},
@@ -240,7 +246,10 @@ func (r *DistributedLockReconciler) patchStatuses(ctx context.Context, s *scope)
 }
 
 // patchStatus writes the status if, and only if, it changed, so holding a
-// lock steadily writes nothing to the API server.
+// lock steadily writes nothing to the API server. The write is
+// preconditioned on the lock's resourceVersion: a manager that read the
+// lock before another wrote it (a grant's record, say) must not write over
+// it, however long it was paused.
 func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, lock *locksv1.DistributedLock) error {
 	lock.Status.ObservedGeneration = lock.Generation
 	for i := range lock.Status.Conditions {
@@ -249,7 +258,7 @@ func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, loc
 	if equality.Semantic.DeepEqual(before.Status, lock.Status) {
 		return nil
 	}
-	return client.IgnoreNotFound(r.Status().Patch(ctx, lock, client.MergeFrom(before)))
+	return client.IgnoreNotFound(r.Status().Patch(ctx, lock, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})))
 }
 
 func setCondition(lock *locksv1.DistributedLock, condition string, status metav1.ConditionStatus, reason, message string) {

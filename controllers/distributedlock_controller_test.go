@@ -150,8 +150,8 @@ func TestFinalizerReleasesRedis(t *testing.T) {
 	eventually(t, "the lock resource to go", func() bool {
 		return apierrors.IsNotFound(k8s.Get(context.Background(), client.ObjectKeyFromObject(lock), &locksv1.DistributedLock{}))
 	})
-	if inspect(t, ns+"/leader").Held() {
-		t.Fatal("the lock is still held in Redis after its resource was deleted")
+	if info := inspect(t, ns+"/leader"); info.Held() {
+		t.Fatalf("the lock is still held in Redis after its resource was deleted: %+v (pod a %s)", info, getPod(t, a).UID)
 	}
 	eventually(t, "pod a to be unmarked", func() bool { return !marked(getPod(t, a)) })
 	assertEvents(t, ns, "Released")

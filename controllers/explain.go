@@ -22,9 +22,14 @@ import (
 // the pods waiting for the key now and nothing else.
 type toldPods struct{ m sync.Map } // string -> map[types.UID]string
 
-// tellGranted tells the pod it was granted the key, and which locks it
+// tellGranted tells the pod, and the locks of its namespace, that it was
+// granted the key (once the grant is recorded), and the pod which locks it
 // still waits for before it can start.
 func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token int64) {
+	r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, token)
+	for _, l := range s.locksIn(pod.Namespace) {
+		r.Metrics.transition(l, "acquired")
+	}
 	var others []string
 	for _, g := range pod.Spec.SchedulingGates {
 		name, ours := strings.CutPrefix(g.Name, locksv1.GatePrefix)
@@ -57,25 +62,26 @@ func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, w
 	before, _ := r.told.m.Load(s.key)
 	told, _ := before.(map[types.UID]string)
 	now := map[types.UID]string{}
-	guarded := 0
+	// Places count only the pod's own namespace's waiting pods: another
+	// namespace's are none of its business.
+	guarded, place := map[string]int{}, map[string]int{}
 	for _, p := range waiting {
 		if s.gatedByAny(p) {
-			guarded++
+			guarded[p.Namespace]++
 		}
 	}
-	place := 0
 	for _, p := range waiting {
 		if !s.gatedByAny(p) {
 			continue
 		}
-		place++
+		place[p.Namespace]++
 		now[p.UID] = "queued"
 		if told[p.UID] != "queued" {
-			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Queued", "Waiting for %s: place %d of %d", s.key, place, guarded)
+			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Queued", "Waiting for %s: place %d of %d", s.key, place[p.Namespace], guarded[p.Namespace])
 		}
 	}
 	for p, why := range blocked {
-		if _, problems, err := r.gateLocks(ctx, p); err != nil || len(problems) > 0 {
+		if _, problems, err := s.gateLocksOf(ctx, r, p); err != nil || len(problems) > 0 {
 			continue // the gate checker tells it
 		}
 		now[p.UID] = why

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -45,11 +46,7 @@ func TestWaitingPodsAreToldWhereTheyStand(t *testing.T) {
 		t.Fatalf("run-1's Granted Event says %q", msg)
 	}
 
-	l := getLock(t, lock)
-	l.Spec.Candidates.MatchLabels["app"] = "other"
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Spec.Candidates.MatchLabels["app"] = "other" })
 	eventually(t, "run-2 and run-3 to be told the lock no longer selects them, and listed as blocked", func() bool {
 		st := getLock(t, lock).Status
 		return len(st.Blocked) == 2 && st.WaitingCount == 2 && len(st.Waiting) == 0 &&
@@ -68,5 +65,23 @@ func TestWaitingPodsAreToldWhereTheyStand(t *testing.T) {
 	})
 	eventually(t, "both to be told its place for the second key", func() bool {
 		return eventMessage(t, ns, "both", "Queued") == "Waiting for "+ns+"/second: place 1 of 1"
+	})
+}
+
+// A renamed or deleted lock leaves the pods behind its gate waiting for
+// ever: they are told so (issue 22), while the lock waits for its holder,
+// and once it is gone.
+func TestPodsBehindADeletedLockAreTold(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	run1 := createPod(t, ns, "run-1", "job", gatedBy("singleton"))
+	createPod(t, ns, "run-2", "job", gatedBy("singleton"))
+	lock := createLock(t, ns, "singleton", "job")
+	eventually(t, "run-1 to be granted", func() bool { return holds(t, lockKey(lock), run1) })
+	deleteLock(t, lock)
+	eventually(t, "run-2 to be told the lock is being deleted", func() bool { return eventOn(t, ns, "Pod", "run-2", "LockDeleting") })
+	setContainers(t, run1, corev1.PodSucceeded, exited(0))
+	eventually(t, "run-2 to be told the lock is gone", func() bool {
+		return lockGone(t, lock) && eventOn(t, ns, "Pod", "run-2", "LockNotFound")
 	})
 }

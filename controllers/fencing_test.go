@@ -124,11 +124,7 @@ func pausedManagerScenario(t *testing.T, pauseAt string) {
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	l := getLock(t, lock)
-	l.Spec.Candidates.MatchLabels["run"] = "y"
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Spec.Candidates.MatchLabels["run"] = "y" })
 	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns}})
 	ungated := func(p *corev1.Pod) bool { return !gatedWith(getPod(t, p), gateFor("singleton")) }
 	if pauseAt == "the fencing record" {
@@ -162,9 +158,7 @@ func waitForFencing(t *testing.T) {
 	t.Helper()
 	ns := newNamespace(t)
 	lock := createLock(t, ns, "probe", "probe")
-	l := getLock(t, lock)
-	l.Status.HighestToken = 2
-	if err := k8s.Status().Update(context.Background(), l); err != nil {
+	if err := updateLockStatus(t, lock, func(l *locksv1.DistributedLock) { l.Status.HighestToken = 2 }); err != nil {
 		t.Fatal(err)
 	}
 	probe := createPod(t, ns, "probe", "probe", gatedBy("probe"))

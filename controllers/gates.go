@@ -12,6 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -30,14 +31,15 @@ type gateProblem struct {
 // gateLocks are the locks whose gates the pod carries, and what keeps any
 // of them from lifting its gate: the lock does not exist or is being
 // deleted, takes no grants (mode Observe), names a key the namespace may
-// not use, or does not select the pod. It reads the cache.
+// not use, or does not select the pod. It reads the cache's own objects,
+// which must not be written to.
 func (r *DistributedLockReconciler) gateLocks(ctx context.Context, pod *corev1.Pod) ([]*locksv1.DistributedLock, []gateProblem, error) {
 	names, _ := ourGates(pod)
 	var locks []*locksv1.DistributedLock
 	var problems []gateProblem
 	for _, name := range names {
 		l := &locksv1.DistributedLock{}
-		err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, l)
+		err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, l, client.UnsafeDisableDeepCopy)
 		gate := locksv1.GateFor(name)
 		switch {
 		case apierrors.IsNotFound(err):
@@ -89,6 +91,10 @@ func (g *gateChecker) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	if gates, _ := ourGates(pod); len(gates) == 0 {
+		g.told.Delete(req.NamespacedName)
+		return reconcile.Result{}, nil
+	}
 	_, problems, err := g.r.gateLocks(ctx, pod)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -115,18 +121,29 @@ func (g *gateChecker) Reconcile(ctx context.Context, req reconcile.Request) (rec
 // gated pod changes, and at the pods behind a lock's gate when the lock
 // changes.
 func (g *gateChecker) setupWithManager(mgr ctrl.Manager) error {
-	gated := predicate.NewPredicateFuncs(func(o client.Object) bool {
+	hasGates := func(o client.Object) bool {
 		pod, ok := o.(*corev1.Pod)
-		if !ok {
-			return false
-		}
 		gates, _ := ourGates(pod)
-		return len(gates) > 0
-	})
+		return ok && len(gates) > 0
+	}
+	// A pod that had gates and lost them, or is gone, is looked at once
+	// more, so what it was told is forgotten.
+	gated := predicate.Funcs{
+		CreateFunc: func(e event.CreateEvent) bool { return hasGates(e.Object) },
+		UpdateFunc: func(e event.UpdateEvent) bool { return hasGates(e.ObjectOld) || hasGates(e.ObjectNew) },
+		DeleteFunc: func(e event.DeleteEvent) bool { return hasGates(e.Object) },
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("lockgates").
 		Watches(&corev1.Pod{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(gated)).
-		Watches(&locksv1.DistributedLock{}, handler.EnqueueRequestsFromMapFunc(g.podsBehind)).
+		// A lock's status changes with every grant: only its spec, its
+		// coming and its going concern the pods behind its gate.
+		Watches(&locksv1.DistributedLock{}, handler.EnqueueRequestsFromMapFunc(g.podsBehind),
+			builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
+				UpdateFunc: func(e event.UpdateEvent) bool {
+					return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+				},
+			}))).
 		Complete(g)
 }
 

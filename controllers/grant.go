@@ -42,12 +42,7 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 		r.remember(s, pod, terms, hold)
 		s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
 		s.info.Token = hold.Token()
-		s.grantee, s.fresh = pod, true
-		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, hold.Token())
-		r.tellGranted(s, pod, hold.Token())
-		for _, l := range s.locksIn(pod.Namespace) {
-			r.Metrics.transition(l, "acquired")
-		}
+		s.grantee, s.fresh, s.newGrant = pod, true, true
 		return nil
 	}
 	return nil
@@ -78,7 +73,7 @@ func (r *DistributedLockReconciler) whyWaits(ctx context.Context, s *scope, pod 
 		}
 		return "", nil
 	}
-	locks, problems, err := r.gateLocks(ctx, pod)
+	locks, problems, err := s.gateLocksOf(ctx, r, pod)
 	if err != nil {
 		return "", err
 	}

@@ -7,11 +7,12 @@ import (
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// The record of a grant is the status of the locks naming the key: the
-// controller writes a grant's holder there (recordGrant) before it lifts a
-// gate with it, and only the controller writes a lock's status. A pod's
-// marks are for display and Services: its tenant can write them, and they
-// prove nothing.
+// The record of a grant is status.grant of the locks naming the key: the
+// controller writes it there (recordGrant) before it lifts a gate with the
+// grant, and clears it only once the API server shows the pod stopped or
+// gone (forgetEndedGrants); only the controller writes a lock's status. A
+// pod's marks, and status.holder, are for display: its tenant can write the
+// marks, and Redis can lose a hold or show somebody else's meanwhile.
 
 // granteeOf is the pod the controller granted the key to that has not
 // stopped, if any: the one the locks' statuses record (the latest grant, by
@@ -39,13 +40,16 @@ func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 
 // recordedGrantee is the pod of the latest grant the statuses of the key's
 // locks record (the highest token), if it has not stopped, and that record.
-// A lock's status only ever records a pod of its own namespace.
-func (s *scope) recordedGrantee() (*corev1.Pod, *locksv1.LockHolder) {
+// A lock's status only ever records a pod of its own namespace. A lock
+// being deleted keeps only a grant whose gate it lifted (finalizeDeleted):
+// its record of any other grant is over once the lock released it, though
+// the cache may show the lock a while longer.
+func (s *scope) recordedGrantee() (*corev1.Pod, *locksv1.LockGrant) {
 	var pod *corev1.Pod
-	var record *locksv1.LockHolder
+	var record *locksv1.LockGrant
 	for _, l := range s.all() {
-		st := l.Status.Holder
-		if st == nil || !st.GrantedByController {
+		st := l.Status.Grant
+		if st == nil || (!l.DeletionTimestamp.IsZero() && !st.GateLifted) {
 			continue
 		}
 		p := s.byUID[types.UID(st.PodUID)]
@@ -81,7 +85,7 @@ func (s *scope) hasLockIn(namespace string) bool {
 // happens to the lock.
 func (s *scope) liftedFor(pod *corev1.Pod) bool {
 	for _, l := range s.all() {
-		if st := l.Status.Holder; st != nil && st.GrantedByController && st.GateLifted && st.PodUID == string(pod.UID) && l.Namespace == pod.Namespace {
+		if st := l.Status.Grant; st != nil && st.GateLifted && st.PodUID == string(pod.UID) && l.Namespace == pod.Namespace {
 			return true
 		}
 	}

@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/redistest"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
@@ -126,7 +125,9 @@ func TestCase1HolderKeepsLockThroughGracefulDeletion(t *testing.T) {
 		t.Fatalf("run-1 lost the lock while still running: %+v", inspect(t, key))
 	}
 
-	// The kubelet reports every container terminated: run-1 has stopped.
+	// The kubelet, having seen the deletion, reports every container
+	// terminated: run-1 has stopped.
+	kubeletSawDeletion(t, run1)
 	setContainers(t, run1, corev1.PodRunning, exited(0))
 	eventually(t, "run-2 to be ungated", func() bool { return !gatedWith(getPod(t, run2), gateFor("singleton")) })
 	eventually(t, "run-2 to hold the lock", func() bool { return holds(t, key, run2) })
@@ -317,9 +318,7 @@ func TestCase4DeletingALockEndsItsGrantInConflict(t *testing.T) {
 	if err := rdb.Del(context.Background(), key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.r.Reconcile(context.Background(), controllers.KeyRequest{Key: key}); err != nil {
-		t.Fatal(err)
-	}
+	reconcileKey(t, h, key)
 	eventually(t, "p2 to be granted the key", func() bool { return holds(t, key, p2) })
 }
 
@@ -420,11 +419,7 @@ func TestCase7HolderThatDoesNotStart(t *testing.T) {
 
 	// Opting in: the controller evicts run-1, and releases the lock only
 	// once the pod is gone.
-	l := getLock(t, lock)
-	l.Spec.DeleteUnstarted = true
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Spec.DeleteUnstarted = true })
 	eventually(t, "run-1 to be evicted", func() bool { return !getPod(t, run1).DeletionTimestamp.IsZero() })
 	assertEvents(t, ns, "Evicted")
 	settle()
@@ -472,10 +467,7 @@ func TestCase7EvictionRefusedByABudget(t *testing.T) {
 	setContainers(t, run1, corev1.PodRunning, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}})
 	time.Sleep(time.Second) // the start timeout
 
-	res, err := h.r.Reconcile(context.Background(), controllers.KeyRequest{Key: lockKey(lock)})
-	if err != nil {
-		t.Fatalf("a refused eviction failed the reconcile: %v", err)
-	}
+	res := reconcileKey(t, h, lockKey(lock))
 	if res.RequeueAfter <= 0 {
 		t.Fatal("no retry of the refused eviction was asked for")
 	}

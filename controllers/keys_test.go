@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/controllers"
 )
 
 // Case 6: a namespace may only use keys of its own unless the administrator
@@ -126,9 +125,7 @@ func TestUnsharingAKeyKeepsARunningGrant(t *testing.T) {
 	if err := rdb.Del(context.Background(), key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := second.r.Reconcile(context.Background(), controllers.KeyRequest{Key: key}); err != nil {
-		t.Fatal(err)
-	}
+	reconcileKey(t, second, key)
 	if !holds(t, key, pb) {
 		t.Fatalf("pb's grant was not taken again after Redis lost it: %+v", inspect(t, key))
 	}

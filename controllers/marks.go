@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -24,9 +25,18 @@ import (
 // label, annotations and gate, so locks never overwrite each other's. The
 // pods of namespaces that may not use the key are never written, and the
 // marks of a lock being deleted are finalizeDeleted's.
+//
+// The holder's patch, which lifts its gates, is written first, and only its
+// failure fails the key: another pod's marks are for display, and a pod its
+// tenant made hard to patch (the manager-writes policy refusing it, say)
+// must not hold the key back for everyone.
 func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) error {
 	holderPod := s.holderPod()
-	for _, pod := range s.pods {
+	pods := s.pods
+	if i := slices.Index(pods, holderPod); i > 0 {
+		pods = append([]*corev1.Pod{holderPod}, slices.Delete(slices.Clone(pods), i, i+1)...)
+	}
+	for _, pod := range pods {
 		if !s.mayUse[pod.Namespace] {
 			continue
 		}
@@ -54,7 +64,10 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 			}
 		}
 		if err := r.patchPod(ctx, pod, want); err != nil {
-			return err
+			if pod == holderPod {
+				return err
+			}
+			log.FromContext(ctx).Error(err, "cannot update a pod's marks", "key", s.key, "pod", client.ObjectKeyFromObject(pod))
 		}
 	}
 	return nil

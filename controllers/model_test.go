@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
@@ -25,18 +26,47 @@ import (
 )
 
 // TestModel drives the real reconciler, against envtest and a real
-// redis-server, through random sequences of pod events (create, schedule
-// and run, succeed, fail, delete with grace, containers stopping, node
-// loss), lost leases, Redis restarts without persistence, manager restarts,
-// selector changes and key changes, on three locks in two namespaces that
-// share pods and a key. After every step it settles the locks by calling
-// Reconcile until a pass writes nothing, and a checker asserts, from the
-// pods' own status and from Redis:
-//   - at most one guarded pod per key is ungated and not yet stopped;
-//   - a gate is only ever lifted from a pod holding the lock's key;
-//   - every mark agrees with Redis, and the holder carries the marks of the
-//     locks that select it;
-//   - no holder in Redis is a pod that has stopped or is gone.
+// redis-server, through random sequences of what a cluster does: pods
+// created behind one or several locks' gates (some naming a lock that does
+// not exist or does not select them), and behind another controller's
+// gate, which that controller lifts later; the scheduler binding a pod once
+// it has no gate left; a kubelet (model_kubelet_test.go) starting init
+// containers, native sidecars and app containers, containers exiting and
+// being restarted in place under restartPolicy OnFailure and Always, pods
+// completing, graceful deletion (which a kubelet may learn of a step
+// late), nodes lost, node clocks a second or two off; and lost leases,
+// Redis restarts without persistence, manager restarts, selector edits,
+// and locks deleted and created again, on three locks in two namespaces
+// that share pods and a key. After every step it settles the locks by
+// calling Reconcile until a pass writes nothing.
+//
+// The checker's oracle is the model, never the controller's code: a pod
+// runs while a container the model's kubelet started has not stopped, or
+// while its node is lost and the object is not force-deleted. It fails at
+// once when:
+//  1. two guarded pods of one key run at the same instant (checked at every
+//     container start and after every step). A pod is a guarded pod of key
+//     K from the step its gate of lock L was lifted while L named K, until
+//     the model has stopped its containers for good (or the object is gone),
+//     whatever happens to L meanwhile;
+//  2. a lockwarden gate is lifted from a pod that Redis does not show as the
+//     key's holder "<pod UID>:0" at the check after that step, or by a lock
+//     that does not exist (nor does the manager lift anyone else's gate);
+//  3. a pod holds a key as "<pod UID>:0" while it carries another
+//     controller's gate, or is newly granted one while it carries the gate of
+//     a lock that does not exist, is being deleted, or does not select it.
+//
+// Once the locks have settled (else it settles them again and checks once
+// more), it also asserts that marks agree with Redis; that no key is held
+// for a pod the model has stopped and told the API server so (a terminal
+// phase), or that is gone; that a guarded pod keeps its key until it stops;
+// and that the holder carries the marks of the locks that select it.
+//
+// A world of 1,000 steps or more fails if it lifted fewer than one gate in
+// 50 steps, or never restarted a guarded pod's container in place, started
+// a guarded pod's sidecar, lost a guarded pod's node or had an older
+// kubelet leave a terminated pod Running: a controller that grants nothing,
+// or a model that stopped playing these, would pass unseen.
 //
 // LOCKWARDEN_MODEL_STEPS sets the number of steps (default 10,000, shared
 // between two independent worlds that run in parallel), and
@@ -72,20 +102,44 @@ func TestModel(t *testing.T) {
 				mine++
 			}
 			for i := range mine {
+				w.stepNo = i
 				what := w.step()
 				w.settle(what)
 				if i%100 == 0 {
 					w.verifyCache()
 				}
-				w.check(i, what)
+				w.check(what)
 			}
 			t.Logf("%d steps in %v: %v", mine, time.Since(start).Round(time.Millisecond), w.counts)
+			w.checkCoverage(mine)
 		})
 	}
 }
 
-// world is the model: the cluster as the test plays kubelet, scheduler and
-// administrator, and what the checker remembers between steps.
+// checkCoverage fails a run long enough to have played, but that did not
+// play, what the model is for: a controller that grants nothing, or a
+// model that no longer restarts guarded pods' containers, would otherwise
+// pass.
+func (w *world) checkCoverage(steps int) {
+	if steps < 1000 {
+		return
+	}
+	if lifts := w.counts["(a gate lifted)"]; lifts < steps/50 {
+		w.t.Errorf("%d steps lifted %d gates, fewer than one every 50 steps", steps, lifts)
+	}
+	for _, what := range []string{
+		"(a guarded pod's container restarted in place)", "(a guarded pod's sidecar started)",
+		"(a guarded pod's node lost)", "(an older kubelet left a terminated pod Running)",
+	} {
+		if w.counts[what] == 0 {
+			w.t.Errorf("%d steps never played %s", steps, what)
+		}
+	}
+}
+
+// world is the model: the cluster as the test plays kubelet, scheduler,
+// other controllers and administrator, and what the checker remembers
+// between steps.
 type world struct {
 	t      *testing.T
 	ctx    context.Context
@@ -97,12 +151,24 @@ type world struct {
 	locks  []*modelLock
 	seq    int
 	counts map[string]int
-	// ungatedFor records, per pod and lock name, the key the lock had when
-	// the pod's gate was lifted: the pod is then that key's guarded pod
-	// until it stops.
-	ungatedFor map[types.UID]map[string]string
-	// gates are the lock gates each pod was created with.
-	gates map[types.UID][]string
+	// stepNo and what name the step being played, for failure messages.
+	stepNo int
+	what   string
+	// mpods are the model's pods, oldest first, until the check after
+	// they are gone; byUID finds them, and gone names the pods that are
+	// gone.
+	mpods []*modelPod
+	byUID map[types.UID]*modelPod
+	gone  map[types.UID]string
+	// nodes are the nodes that report, and skew how far each one's clock
+	// is off; nodeSeq names the next one.
+	nodes   []string
+	skew    map[string]time.Duration
+	nodeSeq int
+	// prevHolders are the owners Redis showed for each key at the last
+	// check, and prevBad each pod's gates that no lock could lift then.
+	prevHolders map[string]string
+	prevBad     map[types.UID][]string
 	// operator is a plain client that takes leases away in Redis.
 	operator *redislock.Client
 	// expect are the writes the manager's cache must show before the
@@ -117,24 +183,32 @@ type world struct {
 // modelLock is one DistributedLock of the model.
 type modelLock struct {
 	ns, name string
-	keys     []string // the keys it may be recreated with; keys[0] first
+	keys     []string // the keys it may be created with; keys[0] first
 	key      string
 	groups   []string // it selects pods whose label group is one of these
-	exists   bool
+	// exists: the API server has the lock, perhaps being deleted
+	// (terminating).
+	exists, terminating bool
 }
 
-// released stands for the key of a lock that was deleted: its gate was
-// lifted, but the lock's promise went with it.
-const released = "(released)"
-
 var modelGroups = [][]string{{"a"}, {"b"}, {"a", "b"}}
+
+// foreignGate is another controller's scheduling gate, as Kueue's.
+const foreignGate = "example.com/admission"
+
+// ghostLock is the name of a lock that never exists.
+const ghostLock = "ghost"
 
 func newWorld(t *testing.T, seed uint64) *world {
 	w := &world{
 		t: t, ctx: context.Background(), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		redis: redistest.Start(t), counts: map[string]int{},
-		ungatedFor: map[types.UID]map[string]string{}, gates: map[types.UID][]string{},
+		byUID: map[types.UID]*modelPod{}, gone: map[types.UID]string{}, skew: map[string]time.Duration{},
+		prevHolders: map[string]string{}, prevBad: map[types.UID][]string{},
 		expect: newExpectations(),
+	}
+	for range 3 {
+		w.addNode()
 	}
 	w.nss = []string{newNamespace(t), newNamespace(t)}
 	w.shared = "shared-" + w.nss[0]
@@ -153,6 +227,14 @@ func newWorld(t *testing.T, seed uint64) *world {
 	return w
 }
 
+// addNode adds a node; half of them have a clock a second or two off.
+func (w *world) addNode() {
+	w.nodeSeq++
+	node := fmt.Sprintf("node-%d", w.nodeSeq)
+	w.nodes = append(w.nodes, node)
+	w.skew[node] = time.Duration([]int{0, 0, 0, 0, 1, 2, -1, -2}[w.rng.IntN(8)]) * time.Second
+}
+
 func (w *world) startManager() {
 	w.h = startManagerOn(w.t, managerConfig{redisAddr: w.redis.Addr, namespaces: w.nss, observe: w.expect.wrote}, sharing(w.shared, w.nss...))
 }
@@ -166,7 +248,9 @@ func (w *world) lockClient() *redislock.Client {
 	return c
 }
 
-func (w *world) createLock(l *modelLock, key string) {
+// createLock creates the lock, and reports false if one of its name is
+// still being deleted.
+func (w *world) createLock(l *modelLock, key string) bool {
 	lock := &locksv1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Namespace: l.ns, Name: l.name},
 		Spec: locksv1.DistributedLockSpec{
@@ -175,11 +259,14 @@ func (w *world) createLock(l *modelLock, key string) {
 			Candidates:    groupSelector(l.groups),
 		},
 	}
-	if err := k8s.Create(w.ctx, lock); err != nil {
+	if err := k8s.Create(w.ctx, lock); apierrors.IsAlreadyExists(err) {
+		return false
+	} else if err != nil {
 		w.t.Fatal(err)
 	}
 	w.expect.created(lock)
-	l.key, l.exists = key, true
+	l.key, l.exists, l.terminating = key, true, false
+	return true
 }
 
 func groupSelector(groups []string) *locksv1.PodSelector {
@@ -190,22 +277,54 @@ func groupSelector(groups []string) *locksv1.PodSelector {
 	return &locksv1.PodSelector{MatchExpressions: []locksv1.LabelRequirement{{Key: "group", Operator: "In", Values: values}}}
 }
 
-// pods are the model's pods as the API server had them when the locks
-// last settled, which nothing has changed since.
-func (w *world) pods() []corev1.Pod { return w.podsNow }
-
-func (w *world) pick(pods []corev1.Pod, ok func(*corev1.Pod) bool) *corev1.Pod {
-	var matching []*corev1.Pod
-	for i := range pods {
-		if ok(&pods[i]) {
-			matching = append(matching, &pods[i])
+// lockNamed is the model's lock of that name in the namespace, or nil.
+func (w *world) lockNamed(ns, name string) *modelLock {
+	for _, l := range w.locks {
+		if l.ns == ns && l.name == name {
+			return l
 		}
 	}
-	if len(matching) == 0 {
-		return nil
-	}
-	return matching[w.rng.IntN(len(matching))]
+	return nil
 }
+
+// pods are the model's pods as the API server had them when the locks
+// last settled.
+func (w *world) pods() []corev1.Pod { return w.podsNow }
+
+// onPod is an event that plays act on a random model pod that ok accepts,
+// and reports false if there is none.
+func (w *world) onPod(ok func(*modelPod) bool, act func(*modelPod)) func() bool {
+	return func() bool {
+		var matching []*modelPod
+		for _, p := range w.mpods {
+			if !p.gone && ok(p) {
+				matching = append(matching, p)
+			}
+		}
+		if len(matching) == 0 {
+			return false
+		}
+		act(matching[w.rng.IntN(len(matching))])
+		return true
+	}
+}
+
+// onContainer is an event that plays act on a random container that ok
+// accepts, of a random model pod that has one.
+func (w *world) onContainer(ok func(*modelPod, *modelContainer) bool, act func(*modelPod, *modelContainer)) func() bool {
+	return w.onPod(func(p *modelPod) bool {
+		return slices.ContainsFunc(p.cs, func(c *modelContainer) bool { return ok(p, c) })
+	},
+		func(p *modelPod) {
+			cs := slices.DeleteFunc(slices.Clone(p.cs), func(c *modelContainer) bool { return !ok(p, c) })
+			act(p, cs[w.rng.IntN(len(cs))])
+		})
+}
+
+func (w *world) note(p *modelPod, format string, args ...any) { p.note(w.stepNo, format, args...) }
+
+// exitCode is a random exit code: success half the time.
+func (w *world) exitCode() int32 { return []int32{0, 0, 0, 1, 1, 137}[w.rng.IntN(6)] }
 
 // step plays one random event and says what it was.
 func (w *world) step() string {
@@ -216,57 +335,74 @@ func (w *world) step() string {
 		run    func() bool
 	}
 	events := []event{
-		{16, "create pod", func() bool { return w.createPod(pods) }},
-		{14, "schedule and run", func() bool {
-			p := w.pick(pods, func(p *corev1.Pod) bool {
-				return len(p.Spec.SchedulingGates) == 0 && p.Spec.NodeName == "" && p.DeletionTimestamp.IsZero()
-			})
-			if p == nil {
+		{14, "create pod", func() bool { return w.createPod(pods) }},
+		{4, "admission controller lifts its gate", w.onPod(func(p *modelPod) bool { return p.foreign && !p.deleting }, w.liftForeignGate)},
+		{12, "scheduler binds a pod with no gate left", func() bool {
+			var free []*modelPod
+			for i := range pods {
+				p := w.byUID[pods[i].UID]
+				if len(pods[i].Spec.SchedulingGates) == 0 && pods[i].Spec.NodeName == "" && pods[i].DeletionTimestamp.IsZero() && p != nil && !p.gone {
+					free = append(free, p)
+				}
+			}
+			if len(free) == 0 {
 				return false
 			}
-			w.bindAndRun(p)
+			w.bind(free[w.rng.IntN(len(free))])
 			return true
 		}},
-		{8, "succeed", func() bool { return w.finish(pods, corev1.PodSucceeded) }},
-		{6, "fail", func() bool { return w.finish(pods, corev1.PodFailed) }},
-		{10, "delete with grace", func() bool {
-			// Mostly running pods on a node, whose deletion is graceful:
-			// the path where a holder runs on after its deletion.
-			running := w.rng.IntN(4) > 0
-			p := w.pick(pods, func(p *corev1.Pod) bool {
-				return p.DeletionTimestamp.IsZero() && (p.Spec.NodeName != "" && !isStopped(p)) == running
-			})
-			if p == nil {
-				return false
-			}
-			w.must(client.IgnoreNotFound(k8s.Delete(w.ctx, p)))
-			w.expect.deleted(p)
-			return true
-		}},
-		{7, "containers stop after deletion", func() bool {
-			p := w.pick(pods, func(p *corev1.Pod) bool { return !p.DeletionTimestamp.IsZero() && !isStopped(p) })
-			if p == nil {
-				return false
-			}
-			w.setContainers(p, p.Status.Phase, exited(0))
-			return true
-		}},
-		{7, "kubelet removes a stopped pod", func() bool {
-			p := w.pick(pods, func(p *corev1.Pod) bool { return !p.DeletionTimestamp.IsZero() && isStopped(p) })
-			if p == nil {
-				return false
-			}
-			w.forceDelete(p)
-			return true
-		}},
-		{3, "node lost: a terminating pod is force-deleted", func() bool {
-			p := w.pick(pods, func(p *corev1.Pod) bool { return !p.DeletionTimestamp.IsZero() && !isStopped(p) })
-			if p == nil {
-				return false
-			}
-			w.forceDelete(p)
-			return true
-		}},
+		{10, "kubelet starts containers", w.onPod(func(p *modelPod) bool { return len(p.startable()) > 0 }, w.startContainers)},
+		{14, "a container exits", w.onContainer(func(p *modelPod, c *modelContainer) bool { return !p.lost && c.state == isRunning },
+			func(p *modelPod, c *modelContainer) {
+				code := w.exitCode()
+				c.exit(code, p.now())
+				w.note(p, "container %s exits %d", c.name, code)
+				if p.awaitsRestart(c) && w.rng.IntN(3) == 0 {
+					c.state = backOff
+				}
+				w.react(p)
+			})},
+		{10, "kubelet restarts a container in place", w.onContainer(func(p *modelPod, c *modelContainer) bool { return p.awaitsRestart(c) },
+			func(p *modelPod, c *modelContainer) {
+				if c.state == hasExited && w.rng.IntN(2) == 0 {
+					c.state = backOff
+					w.note(p, "container %s backs off", c.name)
+				} else {
+					c.start(p.now())
+					w.note(p, "container %s restarted (restart %d)", c.name, c.restarts)
+					if len(p.guarded) > 0 {
+						w.counts["(a guarded pod's container restarted in place)"]++
+					}
+					w.checkExclusive()
+				}
+				w.react(p)
+			})},
+		{4, "kubelet stops the sidecars of a finished pod", w.onPod(func(p *modelPod) bool {
+			return !p.lost && !p.terminal && !p.terminating && p.finishing() && len(p.runningContainers()) > 0
+		}, func(p *modelPod) {
+			w.kill(p, true)
+			w.react(p)
+		})},
+		// Mostly running pods on a node, whose deletion is graceful: the path
+		// where a holder runs on after its deletion.
+		{7, "delete with grace", w.onPod(func(p *modelPod) bool { return !p.deleting && p.node != "" && !p.terminal }, w.deletePod)},
+		{3, "delete with grace (a pod not running on a node)", w.onPod(func(p *modelPod) bool { return !p.deleting && (p.node == "" || p.terminal) }, w.deletePod)},
+		{4, "kubelet sees the deletion", w.onPod(func(p *modelPod) bool { return p.deleting && !p.terminating && !p.lost }, w.seeDeletion)},
+		{6, "grace period ends: kubelet kills the containers", w.onPod(func(p *modelPod) bool { return p.terminating && !p.terminal }, func(p *modelPod) {
+			// The app containers first; the sidecars with them, or at the
+			// next call.
+			w.kill(p, w.rng.IntN(3) > 0)
+			w.react(p)
+		})},
+		{6, "kubelet removes a terminated pod", w.onPod(func(p *modelPod) bool { return p.terminating && p.terminal }, func(p *modelPod) {
+			w.forceDelete(p, "kubelet removes the pod")
+		})},
+		{1, "a node is lost", w.onPod(func(p *modelPod) bool { return p.node != "" && !p.lost && !p.terminal }, w.loseNode)},
+		{3, "taint manager evicts a pod of a lost node", w.onPod(func(p *modelPod) bool { return p.lost && !p.deleting }, w.deletePod)},
+		{2, "administrator force-deletes a pod of a lost node", w.onPod(func(p *modelPod) bool { return p.lost }, func(p *modelPod) {
+			w.forceDelete(p, "administrator force-deletes the pod")
+		})},
+		{2, "pod GC fails and removes a pod of an out-of-service node", w.onPod(func(p *modelPod) bool { return p.lost }, w.podGC)},
 		{4, "lease lost in Redis", func() bool {
 			l := w.locks[w.rng.IntN(len(w.locks))]
 			info, err := w.operator.Inspect(w.ctx, l.key)
@@ -294,7 +430,7 @@ func (w *world) step() string {
 		}},
 		{3, "selector changes", func() bool {
 			l := w.locks[w.rng.IntN(len(w.locks))]
-			if !l.exists {
+			if !l.exists || l.terminating {
 				return false
 			}
 			l.groups = modelGroups[w.rng.IntN(len(modelGroups))]
@@ -306,23 +442,25 @@ func (w *world) step() string {
 			w.expect.wrote(lock)
 			return true
 		}},
-		{1, "lock deleted (to change its key)", func() bool {
-			l := w.locks[1]
-			if !l.exists {
+		{1, "lock deleted", func() bool {
+			l := w.locks[w.rng.IntN(len(w.locks))]
+			if !l.exists || l.terminating {
 				return false
 			}
 			lock := &locksv1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: l.ns, Name: l.name}}
 			w.must(k8s.Delete(w.ctx, lock))
 			w.expect.deleted(lock)
+			l.terminating = true
 			return true
 		}},
-		{2, "lock recreated with another key", func() bool {
-			l := w.locks[1]
-			if l.exists {
+		{2, "lock created again, perhaps with another key", func() bool {
+			// While the lock is being deleted, its name cannot be taken:
+			// the creation fails, and is tried again at a later step.
+			l := w.locks[w.rng.IntN(len(w.locks))]
+			if l.exists && !l.terminating {
 				return false
 			}
-			w.createLock(l, l.keys[w.rng.IntN(len(l.keys))])
-			return true
+			return w.createLock(l, l.keys[w.rng.IntN(len(l.keys))])
 		}},
 	}
 	total := 0
@@ -333,6 +471,7 @@ func (w *world) step() string {
 		n := w.rng.IntN(total)
 		for _, e := range events {
 			if n -= e.weight; n < 0 {
+				w.what = e.name
 				if e.run() {
 					w.counts[e.name]++
 					return e.name
@@ -343,9 +482,28 @@ func (w *world) step() string {
 	}
 }
 
-// createPod creates a pod in a random namespace and group, behind the gates
-// of a random subset of its namespace's locks, or none: then it is
-// unguarded and runs at once.
+// loseNode plays the loss of the pod's node: its kubelet reports nothing
+// more, and new pods go to a new node.
+func (w *world) loseNode(p *modelPod) {
+	node := p.node
+	w.nodes = slices.DeleteFunc(w.nodes, func(n string) bool { return n == node })
+	w.addNode()
+	for _, q := range w.mpods {
+		if q.node == node && !q.gone {
+			q.lost = true
+			w.note(q, "node %s lost", node)
+			if len(q.guarded) > 0 && q.running() {
+				w.counts["(a guarded pod's node lost)"]++
+			}
+		}
+	}
+}
+
+// createPod creates a pod in a random namespace and group, with a random
+// restart policy and containers, behind the gates of a random subset of its
+// namespace's locks (existing or not), sometimes the gate of a lock that
+// never exists, and sometimes another controller's gate. A pod with no gate
+// at all is unguarded, and is scheduled at once.
 func (w *world) createPod(pods []corev1.Pod) bool {
 	ns := w.nss[w.rng.IntN(len(w.nss))]
 	live := 0
@@ -358,65 +516,253 @@ func (w *world) createPod(pods []corev1.Pod) bool {
 		return false
 	}
 	w.seq++
+	group := []string{"a", "b"}[w.rng.IntN(2)]
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", w.seq), Labels: map[string]string{"group": []string{"a", "b"}[w.rng.IntN(2)]}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", w.seq), Labels: map[string]string{"group": group}},
+		Spec:       newModelPodSpec(w.rng.IntN),
 	}
-	var gates []string
+	p := &modelPod{ns: ns, name: pod.Name, group: group, spec: pod.Spec, cs: modelContainers(pod.Spec),
+		oldKubelet: w.rng.IntN(4) == 0, guarded: map[string]string{}}
 	for _, l := range w.locks {
 		if l.ns == ns && w.rng.IntN(3) > 0 {
-			gates = append(gates, l.name)
-			pod.Spec.SchedulingGates = append(pod.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: gateFor(l.name)})
+			p.lockGates = append(p.lockGates, l.name)
 		}
+	}
+	if w.rng.IntN(10) == 0 {
+		p.lockGates = append(p.lockGates, ghostLock)
+	}
+	for _, name := range p.lockGates {
+		pod.Spec.SchedulingGates = append(pod.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: gateFor(name)})
+	}
+	if p.foreign = w.rng.IntN(4) == 0; p.foreign {
+		at := w.rng.IntN(len(pod.Spec.SchedulingGates) + 1)
+		pod.Spec.SchedulingGates = slices.Insert(pod.Spec.SchedulingGates, at, corev1.PodSchedulingGate{Name: foreignGate})
 	}
 	w.must(k8s.Create(w.ctx, pod))
 	w.expect.created(pod)
-	w.gates[pod.UID] = gates
-	if len(gates) == 0 {
-		w.bindAndRun(pod)
+	p.uid = pod.UID
+	w.mpods = append(w.mpods, p)
+	w.byUID[p.uid] = p
+	w.note(p, "created (%s, gates %v)", pod.Spec.RestartPolicy, pod.Spec.SchedulingGates)
+	if len(pod.Spec.SchedulingGates) == 0 {
+		w.bind(p)
 	}
 	return true
 }
 
-func (w *world) bindAndRun(p *corev1.Pod) {
-	binding := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "node-1"}}
-	if err := k8s.SubResource("binding").Create(w.ctx, p, binding); err != nil {
-		w.t.Fatalf("bind %s: %v", p.Name, err)
-	}
-	w.setContainers(p, corev1.PodRunning, running)
-}
-
-func (w *world) finish(pods []corev1.Pod, phase corev1.PodPhase) bool {
-	p := w.pick(pods, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
-	if p == nil {
-		return false
-	}
-	w.setContainers(p, phase, exited(0))
-	return true
-}
-
-// setContainers sets the pod's phase and container state as a kubelet
-// would, retrying when the controller's patch of the marks got in between.
-func (w *world) setContainers(p *corev1.Pod, phase corev1.PodPhase, state corev1.ContainerState) {
+// liftForeignGate plays the other controller: it removes its own gate,
+// and nothing else.
+func (w *world) liftForeignGate(p *modelPod) {
 	latest := &corev1.Pod{}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := k8s.Get(w.ctx, client.ObjectKeyFromObject(p), latest); err != nil {
+		if err := k8s.Get(w.ctx, client.ObjectKey{Namespace: p.ns, Name: p.name}, latest); err != nil {
 			return err
 		}
-		latest.Status.Phase = phase
-		latest.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "busybox", State: state}}
+		latest.Spec.SchedulingGates = slices.DeleteFunc(latest.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == foreignGate })
+		return k8s.Update(w.ctx, latest)
+	})
+	w.must(err)
+	w.expect.wrote(latest)
+	p.foreign = false
+	w.note(p, "foreign gate lifted")
+}
+
+// bind plays the scheduler, then the kubelet's first sync of the pod.
+func (w *world) bind(p *modelPod) {
+	node := w.nodes[w.rng.IntN(len(w.nodes))]
+	binding := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name}, Target: corev1.ObjectReference{Kind: "Node", Name: node}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name}}
+	if err := k8s.SubResource("binding").Create(w.ctx, pod, binding); err != nil {
+		w.t.Fatalf("bind %s: %v", p.name, err)
+	}
+	p.node, p.skew = node, w.skew[node]
+	w.note(p, "bound to %s", node)
+	if w.rng.IntN(3) > 0 {
+		w.startContainers(p)
+	}
+	w.react(p)
+}
+
+// startContainers plays the kubelet starting what it can start now.
+func (w *world) startContainers(p *modelPod) {
+	now := p.now()
+	for _, c := range p.startable() {
+		c.start(now)
+		w.note(p, "container %s started", c.name)
+		if c.kind == sidecarKind && len(p.guarded) > 0 {
+			w.counts["(a guarded pod's sidecar started)"]++
+		}
+	}
+	w.checkExclusive()
+}
+
+// kill plays the kubelet stopping the running app (and regular init)
+// containers, and the sidecars too if sidecars is set or nothing else runs.
+func (w *world) kill(p *modelPod, sidecars bool) {
+	now := p.now()
+	running := p.runningContainers()
+	others := slices.ContainsFunc(running, func(c *modelContainer) bool { return c.kind != sidecarKind })
+	for _, c := range running {
+		if c.kind == sidecarKind && others && !sidecars {
+			continue
+		}
+		code := []int32{0, 137, 143}[w.rng.IntN(3)]
+		c.exit(code, now)
+		w.note(p, "container %s killed (%d)", c.name, code)
+	}
+}
+
+// react plays what the kubelet does on its own after the pod's containers
+// changed, then writes the pod's status as the kubelet would.
+func (w *world) react(p *modelPod) {
+	if p.lost || p.gone {
+		return
+	}
+	if !p.terminal && !p.terminating && p.finishing() {
+		// The app containers are done for good: the kubelet stops the
+		// sidecars (here, or at a later step). After a regular init
+		// container failed under Never, the pod is Failed at once, so it
+		// stops them before it says so.
+		failed := slices.ContainsFunc(p.cs, func(c *modelContainer) bool { return c.kind == initKind && c.state == hasExited && c.exitCode != 0 })
+		if failed || w.rng.IntN(2) == 0 {
+			w.kill(p, true)
+		}
+	}
+	if !p.terminal {
+		quiet := len(p.runningContainers()) == 0
+		st := p.status(p.now())
+		terminalPhase := st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed
+		switch {
+		case p.terminating && quiet:
+			p.terminal = true // nothing is restarted in a pod being deleted
+		case !p.terminating && terminalPhase != (quiet && p.finishing()):
+			w.t.Fatalf("model error at step %d: phase %s, but finishing %v and quiet %v\n%s", w.stepNo, st.Phase, p.finishing(), quiet, p.describe())
+		case terminalPhase:
+			p.terminal = true
+		}
+		if p.terminal {
+			w.note(p, "every container stopped for good")
+		}
+	}
+	w.report(p)
+}
+
+// report writes the pod's status as the kubelet computes it, retrying when
+// a patch of the controller got in between. The kubelet of a lost node
+// reports nothing.
+func (w *world) report(p *modelPod) {
+	if p.lost || p.gone {
+		return
+	}
+	latest := &corev1.Pod{}
+	var st corev1.PodStatus
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(w.ctx, client.ObjectKey{Namespace: p.ns, Name: p.name}, latest); err != nil {
+			return err
+		}
+		if !p.deleting || p.terminating {
+			p.seenGeneration = latest.Generation
+		}
+		scheduled := latest.CreationTimestamp
+		if c := slices.IndexFunc(latest.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodScheduled }); c >= 0 {
+			scheduled = latest.Status.Conditions[c].LastTransitionTime
+		}
+		st = p.status(scheduled)
+		latest.Status = st
 		return k8s.Status().Update(w.ctx, latest)
 	})
 	if err != nil {
-		w.must(client.IgnoreNotFound(err))
-		return
+		w.t.Fatalf("step %d: the kubelet's status of %s was refused: %v\n%s", w.stepNo, p.name, err, p.describe())
 	}
 	w.expect.wrote(latest)
+	if p.terminal && p.terminating && p.oldKubelet && st.Phase == corev1.PodRunning {
+		w.counts["(an older kubelet left a terminated pod Running)"]++
+	}
+	if st.Phase != p.phase {
+		w.note(p, "reported phase %s", st.Phase)
+	}
+	if st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed {
+		p.phase = st.Phase
+	}
 }
 
-func (w *world) forceDelete(p *corev1.Pod) {
-	w.must(client.IgnoreNotFound(k8s.Delete(w.ctx, p, client.GracePeriodSeconds(0))))
-	w.expect.deleted(p)
+// deletePod deletes the pod with its grace period. The API server removes
+// a pod that is not bound, or is in a terminal phase, at once; else the
+// kubelet (if its node reports) lets the containers run through the grace
+// period, and a pod with nothing running is terminated at once.
+func (w *world) deletePod(p *modelPod) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name, UID: p.uid}}
+	w.must(k8s.Delete(w.ctx, pod))
+	latest := &corev1.Pod{}
+	if err := k8s.Get(w.ctx, client.ObjectKeyFromObject(pod), latest); apierrors.IsNotFound(err) {
+		w.expect.removed(pod)
+		w.setGone(p, "deleted: removed at once")
+		return
+	} else if err != nil {
+		w.t.Fatal(err)
+	}
+	w.expect.deleted(pod)
+	p.deleting = true
+	w.note(p, "deleted with grace")
+	if !p.lost && w.rng.IntN(2) == 0 {
+		w.seeDeletion(p)
+	}
+}
+
+// seeDeletion plays the kubelet learning that the pod is being deleted:
+// it restarts nothing from then on, lets the containers run through the
+// grace period, and terminates the pod at once if nothing runs.
+func (w *world) seeDeletion(p *modelPod) {
+	p.terminating = true
+	w.note(p, "its kubelet sees the deletion")
+	w.react(p)
+}
+
+func (w *world) forceDelete(p *modelPod, why string) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name, UID: p.uid}}
+	w.must(client.IgnoreNotFound(k8s.Delete(w.ctx, pod, client.GracePeriodSeconds(0))))
+	w.expect.removed(pod)
+	w.setGone(p, why)
+}
+
+func (w *world) setGone(p *modelPod, why string) {
+	p.gone = true
+	w.gone[p.uid] = p.name
+	w.note(p, "%s: gone", why)
+}
+
+// podGC plays the pod garbage collector on a node the administrator
+// declared out of service: it marks the pod Failed (its container statuses
+// as they were), then force-deletes it, here or at a later step. The model
+// takes the administrator's word: the node's containers stopped.
+func (w *world) podGC(p *modelPod) {
+	if p.podGCFailed || p.phase != "" {
+		w.forceDelete(p, "pod GC removes the pod")
+		return
+	}
+	for _, c := range p.runningContainers() {
+		c.exit(137, p.now())
+	}
+	p.terminal, p.podGCFailed = true, true
+	latest := &corev1.Pod{}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(w.ctx, client.ObjectKey{Namespace: p.ns, Name: p.name}, latest); err != nil {
+			return err
+		}
+		latest.Status.Phase = corev1.PodFailed
+		latest.Status.ObservedGeneration = latest.Generation
+		latest.Status.Conditions = append(latest.Status.Conditions, corev1.PodCondition{
+			Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "DeletionByPodGC", LastTransitionTime: metav1.Now(),
+		})
+		return k8s.Status().Update(w.ctx, latest)
+	})
+	w.must(err)
+	w.expect.wrote(latest)
+	p.phase = corev1.PodFailed
+	w.note(p, "pod GC marks it Failed")
+	if w.rng.IntN(2) == 0 {
+		w.forceDelete(p, "pod GC removes the pod")
+	}
 }
 
 func (w *world) must(err error) {
@@ -433,31 +779,7 @@ func (w *world) settle(after string) {
 	for pass := 0; pass < 50; pass++ {
 		w.waitForCache()
 		before := w.h.writes.Load()
-		quiet := true
-		settled := map[string]bool{}
-		for _, l := range w.locksNow {
-			// One reconcile settles every lock naming a key, but for
-			// its own finalizer.
-			key := l.Spec.Key
-			if key == "" {
-				key = l.Namespace + "/" + l.Name
-			}
-			if settled[key] && l.DeletionTimestamp.IsZero() && slices.Contains(l.Finalizers, locksv1.Finalizer) {
-				continue
-			}
-			settled[key] = true
-			res, err := w.h.r.Reconcile(w.ctx, controllers.KeyRequest{Key: key})
-			// A look asked for soon means a retry (Redis failed, a
-			// conflict); a later one is a holder's start deadline.
-			if err != nil || (res.RequeueAfter > 0 && res.RequeueAfter <= 2*time.Second) {
-				quiet = false
-			}
-			// A lock being deleted is settled once it is gone: its
-			// finalizer may have run in a worker since the cache was read.
-			if !l.DeletionTimestamp.IsZero() {
-				quiet = false
-			}
-		}
+		quiet := w.reconcilePass()
 		if quiet && w.h.writes.Load() == before {
 			w.syncLocks()
 			return
@@ -469,20 +791,41 @@ func (w *world) settle(after string) {
 	w.t.Fatalf("the locks did not settle after %s", after)
 }
 
-// syncLocks records which locks exist, now that deleted ones are gone, and
-// forgets the pods a deleted lock guarded: deleting a lock releases its
-// grants, and with them its promise.
+// reconcilePass calls Reconcile once for each key the locks name (and for
+// each lock being deleted), and reports whether none of them failed or
+// asked for a retry soon.
+func (w *world) reconcilePass() (quiet bool) {
+	quiet = true
+	settled := map[string]bool{}
+	for _, l := range w.locksNow {
+		// One reconcile settles every lock naming a key, those being
+		// deleted included.
+		key := l.Spec.Key
+		if key == "" {
+			key = l.Namespace + "/" + l.Name
+		}
+		if settled[key] {
+			continue
+		}
+		settled[key] = true
+		res, err := w.h.r.Reconcile(w.ctx, controllers.KeyRequest{Key: key})
+		// A look asked for soon means a retry (Redis failed, a conflict);
+		// a later one is a holder's start deadline.
+		if err != nil || (res.RequeueAfter > 0 && res.RequeueAfter <= 2*time.Second) {
+			quiet = false
+		}
+	}
+	return quiet
+}
+
+// syncLocks records which locks exist, and which are being deleted.
 func (w *world) syncLocks() {
 	for _, l := range w.locks {
-		if !slices.ContainsFunc(w.locksNow, func(x locksv1.DistributedLock) bool { return x.Namespace == l.ns && x.Name == l.name }) {
-			if l.exists {
-				for _, byLock := range w.ungatedFor {
-					if _, ok := byLock[l.name]; ok {
-						byLock[l.name] = released
-					}
-				}
-			}
-			l.exists = false
+		i := slices.IndexFunc(w.locksNow, func(x locksv1.DistributedLock) bool { return x.Namespace == l.ns && x.Name == l.name })
+		l.exists = i >= 0
+		l.terminating = l.exists && !w.locksNow[i].DeletionTimestamp.IsZero()
+		if l.exists && w.locksNow[i].Spec.Key != l.key {
+			w.t.Fatalf("model error: lock %s names %s, the model says %s", l.name, w.locksNow[i].Spec.Key, l.key)
 		}
 	}
 }
@@ -538,12 +881,14 @@ func (w *world) verifyCache() {
 
 // expectations are the writes the cache must show: a resourceVersion at
 // least as new as the write's, or, after a delete, the object gone or
-// terminating.
+// terminating, or, after a removal, gone.
 type expectations struct {
 	mu      sync.Mutex
 	minRV   map[expectKey]uint64
 	present map[expectKey]bool // created by the test: must be in the cache
-	gone    map[expectKey]bool
+	// gone are the deleted objects: true if they must be gone, false if
+	// they may be terminating.
+	gone map[expectKey]bool
 }
 
 type expectKey struct {
@@ -586,10 +931,16 @@ func (e *expectations) created(obj client.Object) {
 	}
 }
 
-func (e *expectations) deleted(obj client.Object) {
+// deleted records a delete: the object is gone, or terminating.
+func (e *expectations) deleted(obj client.Object) { e.deletedAs(obj, false) }
+
+// removed records a delete that removed the object.
+func (e *expectations) removed(obj client.Object) { e.deletedAs(obj, true) }
+
+func (e *expectations) deletedAs(obj client.Object, removed bool) {
 	if k, ok := keyOf(obj); ok {
 		e.mu.Lock()
-		e.gone[k] = true
+		e.gone[k] = e.gone[k] || removed
 		delete(e.present, k)
 		e.mu.Unlock()
 	}
@@ -621,8 +972,8 @@ func (e *expectations) met(ctx context.Context, cache client.Reader) bool {
 		delete(e.minRV, k)
 		delete(e.present, k)
 	}
-	for k := range e.gone {
-		if obj, found := get(k); found && obj.GetDeletionTimestamp() == nil {
+	for k, removed := range e.gone {
+		if obj, found := get(k); found && (removed || obj.GetDeletionTimestamp() == nil) {
 			return false
 		}
 		delete(e.gone, k)
@@ -646,167 +997,268 @@ func versions(list client.ObjectList) string {
 	return strings.Join(out, ",")
 }
 
-func isStopped(p *corev1.Pod) bool {
-	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-		return true
-	}
-	if len(p.Status.ContainerStatuses) == 0 {
-		return false
-	}
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.State.Terminated == nil {
-			return false
-		}
-	}
-	return true
+// fail fails the test at once, naming the step.
+func (w *world) fail(format string, args ...any) {
+	w.t.Helper()
+	w.t.Fatalf("step %d (%s): %s", w.stepNo, w.what, fmt.Sprintf(format, args...))
 }
 
-// check asserts the invariants after step i.
+// checkExclusive asserts invariant 1: at most one guarded pod per key runs,
+// by the model's own account of which containers run. It is called at
+// every container start, and after every step.
+func (w *world) checkExclusive() {
+	w.t.Helper()
+	byKey := map[string][]*modelPod{}
+	for _, p := range w.mpods {
+		if p.running() {
+			for _, key := range p.keys() {
+				byKey[key] = append(byKey[key], p)
+			}
+		}
+	}
+	for _, key := range slices.Sorted(mapKeys(byKey)) {
+		if runs := byKey[key]; len(runs) > 1 {
+			var b strings.Builder
+			for _, p := range runs {
+				b.WriteString("\n" + p.describe())
+			}
+			w.fail("%d guarded pods of %s run at once:%s", len(runs), key, b.String())
+		}
+	}
+}
+
+func mapKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// check asserts the invariants after the step.
 //
 // The safety invariants must hold at every instant, and fail at once. The
 // others hold once the locks have settled; the controller's own workers may
 // still act on a late event (a lease loss the watchdog noticed after the
 // step), so a first failure of those settles the locks again and checks once
 // more before failing.
-func (w *world) check(i int, what string) {
+func (w *world) check(what string) {
 	w.t.Helper()
-	if msg := w.checkOnce(i, what); msg != "" {
+	w.what = what
+	if msg := w.checkOnce(); msg != "" {
 		w.settle("a failed check")
-		if msg := w.checkOnce(i, what); msg != "" {
-			w.t.Fatalf("step %d (%s): %s", i, what, msg)
+		if msg := w.checkOnce(); msg != "" {
+			w.fail("%s", msg)
 		}
 	}
+	// Forget the pods that are gone: they run nothing, and guard nothing.
+	w.mpods = slices.DeleteFunc(w.mpods, func(p *modelPod) bool {
+		if p.gone {
+			delete(w.byUID, p.uid)
+			delete(w.prevBad, p.uid)
+		}
+		return p.gone
+	})
+}
+
+// redisHolders reads who holds each key the locks may name, and its token.
+type redisHolder struct {
+	owner string
+	uid   types.UID
+	token int64
+}
+
+func (w *world) redisHolders() map[string]redisHolder {
+	out := map[string]redisHolder{}
+	for _, l := range w.locks {
+		for _, key := range l.keys {
+			if _, ok := out[key]; ok {
+				continue
+			}
+			info, err := w.operator.Inspect(w.ctx, key)
+			w.must(err)
+			var h redisHolder
+			if info.Held() {
+				h.owner = string(info.Holders[0].Owner)
+				h.uid = types.UID(h.owner[:strings.LastIndexByte(h.owner, ':')])
+				h.token = info.Token
+			}
+			out[key] = h
+		}
+	}
+	return out
+}
+
+// grantOwner is the owner ID of the controller's grant of a key to the pod.
+func grantOwner(uid types.UID) string { return string(uid) + ":0" }
+
+// badGates are the pod's lockwarden gates that no lock can lift now: the
+// lock does not exist, is being deleted, or does not select the pod.
+func (w *world) badGates(pod *corev1.Pod) []string {
+	var bad []string
+	for _, g := range pod.Spec.SchedulingGates {
+		name, ok := strings.CutPrefix(g.Name, locksv1.GatePrefix)
+		if !ok {
+			continue
+		}
+		switch l := w.lockNamed(pod.Namespace, name); {
+		case l == nil || !l.exists:
+			bad = append(bad, name+" (does not exist)")
+		case l.terminating:
+			bad = append(bad, name+" (is being deleted)")
+		case !slices.Contains(l.groups, pod.Labels["group"]):
+			bad = append(bad, name+" (does not select it)")
+		}
+	}
+	return bad
 }
 
 // checkOnce fails the test on a broken safety invariant, and returns the
 // first broken consistency invariant, or "".
-func (w *world) checkOnce(i int, what string) (inconsistent string) {
+func (w *world) checkOnce() (inconsistent string) {
 	w.t.Helper()
-	fail := func(format string, args ...any) {
-		w.t.Helper()
-		w.t.Fatalf("step %d (%s): %s", i, what, fmt.Sprintf(format, args...))
-	}
 	soft := func(format string, args ...any) {
 		if inconsistent == "" {
 			inconsistent = fmt.Sprintf(format, args...)
 		}
 	}
-	pods := w.pods()
-	byUID := map[types.UID]*corev1.Pod{}
-	for i := range pods {
-		byUID[pods[i].UID] = &pods[i]
+	holders := w.redisHolders()
+	apiPods := map[types.UID]*corev1.Pod{}
+	for i := range w.podsNow {
+		pod := &w.podsNow[i]
+		apiPods[pod.UID] = pod
+		if w.byUID[pod.UID] == nil {
+			w.fail("pod %s is none of the model's, or the model thinks it is gone", pod.Name)
+		}
 	}
-	infos := map[string]redislock.LockInfo{}
-	holderOfKey := func(key string) (types.UID, int64) {
-		info, ok := infos[key]
+	for _, p := range w.mpods {
+		pod := apiPods[p.uid]
+		if pod == nil {
+			if !p.gone {
+				w.fail("pod %s vanished: only the model deletes pods\n%s", p.name, p.describe())
+			}
+			continue
+		}
+		// Nobody but the other controller lifts its gate: the manager
+		// writes only its own.
+		if p.foreign && !hasPodGate(pod, foreignGate) {
+			w.fail("pod %s lost %s, which only its own controller lifts\n%s", p.name, foreignGate, p.describe())
+		}
+		// Invariant 2: a gate lifted since the last check was lifted by a
+		// lock that exists, from the pod Redis shows holding its key.
+		for _, name := range p.lockGates {
+			if hasPodGate(pod, gateFor(name)) {
+				continue
+			}
+			if _, seen := p.guarded[name]; seen {
+				continue
+			}
+			l := w.lockNamed(p.ns, name)
+			if l == nil || !l.exists {
+				w.fail("pod %s lost the gate of %s, which does not exist\n%s", p.name, name, p.describe())
+			}
+			if got := holders[l.key].owner; got != grantOwner(p.uid) {
+				w.fail("pod %s lost the gate of %s, but Redis shows %s held by %q, not %q\n%s", p.name, name, l.key, got, grantOwner(p.uid), p.describe())
+			}
+			p.guarded[name] = l.key
+			w.note(p, "gate of %s lifted: a guarded pod of %s", name, l.key)
+			w.counts["(a gate lifted)"]++
+		}
+	}
+	// Invariant 1, after the step.
+	w.checkExclusive()
+	// Invariant 3: a pod is granted a key only when it carries no other
+	// controller's gate, and no gate that no lock can lift.
+	bad := map[types.UID][]string{}
+	for uid, pod := range apiPods {
+		bad[uid] = w.badGates(pod)
+	}
+	for _, key := range slices.Sorted(mapKeys(holders)) {
+		h := holders[key]
+		p := w.byUID[h.uid]
+		if h.owner == "" || p == nil || h.owner != grantOwner(p.uid) {
+			continue
+		}
+		if p.foreign {
+			w.fail("pod %s holds %s, but still carries %s\n%s", p.name, key, foreignGate, p.describe())
+		}
+		if h.owner == w.prevHolders[key] {
+			continue
+		}
+		before, ok := w.prevBad[p.uid]
 		if !ok {
-			var err error
-			info, err = w.operator.Inspect(w.ctx, key)
-			w.must(err)
-			infos[key] = info
+			before = bad[p.uid] // created in this step, when no lock changed
 		}
-		if !info.Held() {
-			return "", 0
-		}
-		owner := string(info.Holders[0].Owner)
-		return types.UID(owner[:strings.LastIndexByte(owner, ':')]), info.Token
-	}
-	lockByName := map[string]*modelLock{}
-	for _, l := range w.locks {
-		if l.exists {
-			lockByName[l.ns+"/"+l.name] = l
+		if both := slices.DeleteFunc(slices.Clone(bad[p.uid]), func(g string) bool { return !slices.Contains(before, g) }); len(both) > 0 {
+			w.fail("pod %s was granted %s while it carries the gate of %s\n%s", p.name, key, strings.Join(both, ", "), p.describe())
 		}
 	}
 
-	for _, p := range pods {
-		// A gate lifted since the last step: the lock lifting it exists.
-		// The pod is now that key's guarded pod until it stops.
-		for _, name := range w.gates[p.UID] {
-			if hasPodGate(&p, gateFor(name)) || w.ungatedFor[p.UID][name] != "" {
-				continue
-			}
-			l := lockByName[p.Namespace+"/"+name]
-			if l == nil {
-				fail("pod %s lost the gate of %s, which does not exist", p.Name, name)
-			}
-			if w.ungatedFor[p.UID] == nil {
-				w.ungatedFor[p.UID] = map[string]string{}
-			}
-			w.ungatedFor[p.UID][name] = l.key
+	// The consistency invariants. Marks agree with Redis.
+	for _, p := range w.mpods {
+		pod := apiPods[p.uid]
+		if pod == nil || p.stoppedForGood() {
+			continue
 		}
-		// Marks agree with Redis.
-		for k := range p.Labels {
+		for k := range pod.Labels {
 			name, ok := strings.CutPrefix(k, locksv1.HolderLabelPrefix)
 			if !ok {
 				continue
 			}
-			l := lockByName[p.Namespace+"/"+name]
-			if l == nil {
-				soft("pod %s carries the marks of %s, which does not exist", p.Name, name)
+			l := w.lockNamed(p.ns, name)
+			if l == nil || !l.exists {
+				soft("pod %s carries the marks of %s, which does not exist", p.name, name)
 				continue
 			}
-			if isStopped(&p) {
+			if l.terminating {
 				continue
 			}
-			uid, token := holderOfKey(l.key)
-			if uid != p.UID {
-				soft("pod %s carries the marks of %s, but %s is held by %q", p.Name, name, l.key, uid)
+			if h := holders[l.key]; h.uid != p.uid {
+				soft("pod %s carries the marks of %s, but %s is held by %q", p.name, name, l.key, h.owner)
+			} else if got := pod.Annotations[locksv1.TokenAnnotationPrefix+name]; got != strconv.FormatInt(h.token, 10) {
+				soft("pod %s has token %s for %s, Redis %d", p.name, got, name, h.token)
 			}
-			if got := p.Annotations[locksv1.TokenAnnotationPrefix+name]; got != strconv.FormatInt(token, 10) {
-				soft("pod %s has token %s for %s, Redis %d", p.Name, got, name, token)
+		}
+		// Grants are sticky: a guarded pod keeps its key until it stops,
+		// whatever happened to the lock that lifted its gate.
+		for name, key := range p.guarded {
+			if h := holders[key]; h.uid != p.uid {
+				soft("pod %s was ungated by %s and has not stopped, but %s is held by %q\n%s", p.name, name, key, h.owner, p.describe())
 			}
 		}
 	}
-	// At most one guarded pod per key is ungated and not yet stopped.
-	guarded := map[string][]string{}
-	for uid, byLock := range w.ungatedFor {
-		p := byUID[uid]
+	// No key is held for a pod that is gone, or that the kubelet reported
+	// stopped; the holder carries the marks of the locks that select it.
+	for _, key := range slices.Sorted(mapKeys(holders)) {
+		h := holders[key]
+		if h.owner == "" {
+			continue
+		}
+		if name, ok := w.gone[h.uid]; ok {
+			soft("%s is held by %s, a pod that is gone", key, name)
+			continue
+		}
+		p := w.byUID[h.uid]
 		if p == nil {
-			delete(w.ungatedFor, uid)
 			continue
 		}
-		if isStopped(p) {
+		if p.reportedStopped() {
+			soft("%s is held by %s, which the kubelet reported stopped (phase %s)\n%s", key, p.name, p.phase, p.describe())
 			continue
 		}
-		for name, key := range byLock {
-			if key == released {
-				continue
-			}
-			if !slices.Contains(guarded[key], p.Name) {
-				guarded[key] = append(guarded[key], p.Name)
-			}
-			// Grants are sticky: the pod keeps the key until it stops.
-			if holder, _ := holderOfKey(key); holder != p.UID {
-				soft("pod %s was ungated by %s and has not stopped, but %s is held by %q", p.Name, name, key, holder)
+		for _, l := range w.locks {
+			if l.exists && !l.terminating && l.key == key && l.ns == p.ns && slices.Contains(l.groups, p.group) && !markedBy(apiPods[p.uid], l.name) {
+				soft("%s holds %s but lacks the marks of %s, which selects it", p.name, key, l.name)
 			}
 		}
 	}
-	for key, names := range guarded {
-		if len(names) > 1 {
-			fail("%d guarded pods are ungated and running for %s: %v", len(names), key, names)
+	if inconsistent == "" {
+		for key, h := range holders {
+			w.prevHolders[key] = h.owner
 		}
-	}
-	// The holder of each key is a live pod that has not stopped, and
-	// carries the marks of the locks that select it.
-	for _, l := range w.locks {
-		if !l.exists {
-			continue
-		}
-		uid, _ := holderOfKey(l.key)
-		if uid == "" {
-			continue
-		}
-		p := byUID[uid]
-		if p == nil {
-			soft("%s is held by %s, a pod that is gone", l.key, uid)
-			continue
-		}
-		if isStopped(p) {
-			soft("%s is held by %s, which has stopped", l.key, p.Name)
-		}
-		if p.Namespace == l.ns && slices.Contains(l.groups, p.Labels["group"]) && !markedBy(p, l.name) {
-			soft("%s holds %s but lacks the marks of %s, which selects it", p.Name, l.key, l.name)
-		}
+		w.prevBad = bad
 	}
 	return inconsistent
 }

@@ -89,9 +89,7 @@ func leaveFilter(t *testing.T, h *harness, pod *corev1.Pod, lock *locksv1.Distri
 // reconcile runs the manager's reconciler on the lock at once.
 func reconcile(t *testing.T, h *harness, lock *locksv1.DistributedLock) {
 	t.Helper()
-	if _, err := h.r.Reconcile(context.Background(), controllers.KeyRequest{Key: lockKey(lock)}); err != nil {
-		t.Fatal(err)
-	}
+	reconcileKey(t, h, lockKey(lock))
 }
 
 // With --pod-label-selector, a holder that loses the label while it runs
@@ -150,6 +148,22 @@ func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
 	reconcile(t, h, lock)
 	if !holds(t, key, leader) {
 		t.Fatalf("after a conflict, %s went to %+v, not back to the leader", key, inspect(t, key).Holders)
+	}
+
+	// The same across a new manager started during the conflict: the
+	// lock's record of the grant (status.grant), not the manager's memory,
+	// names the leader.
+	takeAsOutsider(t, rdb, key)
+	reconcile(t, h, lock)
+	h.stop()
+	h = startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
+	reconcile(t, h, lock)
+	if err := rdb.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reconcile(t, h, lock)
+	if !holds(t, key, leader) {
+		t.Fatalf("after a conflict across a manager restart, %s went to %+v, not back to the leader", key, inspect(t, key).Holders)
 	}
 
 	setPhase(t, getPod(t, leader), corev1.PodSucceeded)

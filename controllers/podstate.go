@@ -5,7 +5,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -18,16 +17,20 @@ import (
 // terminated every container says it never will.
 
 // stopped reports whether the pod's containers can never run again: its
-// phase is Succeeded or Failed, or its deletion is in progress and every
-// container (init, native sidecar, app and ephemeral) has terminated since
-// the deletion was asked for, or it is being deleted before it was ever
-// bound to a node. A deletion timestamp alone is not enough: the containers
-// run on through the grace period. Nor is every container terminated while
-// the pod lives: the kubelet may restart them, and a container that exited
-// before the deletion may still be restarted until the kubelet sees it. A
-// pod that is gone has stopped too; callers see it as missing. Stopped is
-// final: no kubelet starts a container of a pod in a terminal phase, nor
-// one it is deleting.
+// phase is Succeeded or Failed; or it is being deleted, its kubelet has
+// reported a status for the deletion (status.observedGeneration has reached
+// the generation the deletion gave the pod), and every container (init,
+// native sidecar, app and ephemeral) has terminated; or it is being deleted
+// before it was ever bound to a node. A deletion timestamp alone is not
+// enough: the containers run on through the grace period. Nor is every
+// container terminated while the pod lives: the kubelet may restart them,
+// and until it has seen the deletion it goes on doing so; a status written
+// before, or by a kubelet cut off since, says nothing of after. (Kubelets
+// before 1.35 report no observedGeneration: their pods stop at their
+// terminal phase, which kubelets since 1.27 set on a deleted pod, or once
+// gone.) A pod that is gone has stopped too; callers see it as missing.
+// Stopped is final: no kubelet starts a container of a pod in a terminal
+// phase, nor of one it is deleting.
 func stopped(pod *corev1.Pod) bool {
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return true
@@ -38,26 +41,23 @@ func stopped(pod *corev1.Pod) bool {
 	if pod.Spec.NodeName == "" && len(pod.Status.ContainerStatuses) == 0 && len(pod.Status.InitContainerStatuses) == 0 {
 		return true // never bound, and the scheduler binds no pod being deleted
 	}
-	asked := pod.DeletionTimestamp.Time
-	if g := pod.DeletionGracePeriodSeconds; g != nil {
-		asked = asked.Add(-time.Duration(*g) * time.Second)
+	if pod.Status.ObservedGeneration < pod.Generation {
+		return false // its kubelet has not reported on the deletion
 	}
 	ephemeral := make([]corev1.Container, len(pod.Spec.EphemeralContainers))
 	for i, c := range pod.Spec.EphemeralContainers {
 		ephemeral[i] = corev1.Container{Name: c.Name}
 	}
-	return terminatedSince(asked, pod.Spec.InitContainers, pod.Status.InitContainerStatuses) &&
-		terminatedSince(asked, pod.Spec.Containers, pod.Status.ContainerStatuses) &&
-		terminatedSince(asked, ephemeral, pod.Status.EphemeralContainerStatuses)
+	return allTerminated(pod.Spec.InitContainers, pod.Status.InitContainerStatuses) &&
+		allTerminated(pod.Spec.Containers, pod.Status.ContainerStatuses) &&
+		allTerminated(ephemeral, pod.Status.EphemeralContainerStatuses)
 }
 
-// terminatedSince reports whether every container has a terminated status
-// that ended at or after the instant, to the second the API keeps. A
-// container without a status has not been reported on, so it may run.
-func terminatedSince(instant time.Time, containers []corev1.Container, statuses []corev1.ContainerStatus) bool {
+// allTerminated reports whether every container has a terminated status.
+// A container without a status has not been reported on, so it may run.
+func allTerminated(containers []corev1.Container, statuses []corev1.ContainerStatus) bool {
 	for _, c := range containers {
-		cs := statusOf(c.Name, statuses)
-		if cs == nil || cs.State.Terminated == nil || cs.State.Terminated.FinishedAt.Before(&metav1.Time{Time: instant.Truncate(time.Second)}) {
+		if cs := statusOf(c.Name, statuses); cs == nil || cs.State.Terminated == nil {
 			return false
 		}
 	}
@@ -168,15 +168,8 @@ func stopTime(pod *corev1.Pod) time.Time {
 	return latest
 }
 
-// ourGates and foreignGates split the pod's scheduling gates into
-// lockwarden's (by lock name) and everyone else's.
+// ourGates splits the pod's scheduling gates into lockwarden's (by lock
+// name) and everyone else's.
 func ourGates(pod *corev1.Pod) (locks []string, foreign []string) {
-	for _, g := range pod.Spec.SchedulingGates {
-		if name, ok := strings.CutPrefix(g.Name, locksv1.GatePrefix); ok {
-			locks = append(locks, name)
-		} else {
-			foreign = append(foreign, g.Name)
-		}
-	}
-	return locks, foreign
+	return locksv1.SplitGates(pod.Spec.SchedulingGates)
 }

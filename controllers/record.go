@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,77 +21,121 @@ import (
 // recordGrant records the controller's hold of the key in the statuses of
 // the locks naming it, before markPods may lift a gate with it: the highest
 // fencing token on each (status.highestToken, which the API server keeps
-// from decreasing), and the grant itself as the holder of the locks of its
-// pod's namespace. Before a gate is lifted, it also checks past the cache
-// that no other grant of the key is out.
+// from decreasing), and the grant itself (status.grant) on the locks of its
+// pod's namespace. Before a gate is lifted, it checks past the cache that
+// no other grant of the key is out and no higher token is recorded.
 //
 // Timing alone cannot keep a manager that lost its grant, or decided on a
 // stale view, from lifting a gate: it may be paused between any check and
 // its write, for longer than its leader Lease and the lock's lease, while
 // another manager grants the key again. So the order is: take the key, check
-// past the cache, record, lift. A manager paused before its check finds the
-// other grant when it wakes; one paused after it finds its record or its
-// lift refused, since the other manager's later grant has a higher token,
-// recorded first; and the admission policy of config/admission refuses a
-// lift whose token is below the lock's record.
+// past the cache, record, lift; and every status write is preconditioned on
+// the lock's resourceVersion. A manager paused before its check finds the
+// other grant when it wakes; one paused after it finds its record refused
+// (the other manager wrote the lock since, with a higher token); and the
+// admission policy of config/admission refuses a lift whose token is below
+// the lock's record.
 func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) error {
-	token := s.info.Token
 	var pod *corev1.Pod
 	if len(s.holders) > 0 && s.holders[0].byController() && s.holders[0].pod != nil {
 		pod = s.holders[0].pod
 	}
-	if pod != nil && s.lifting(pod) {
-		if err := r.confirmNoOtherGrant(ctx, s, pod); err != nil {
+	lifting := pod != nil && s.lifting(pod)
+	if lifting {
+		switch behind, err := r.confirmNoOtherGrant(ctx, s, pod); {
+		case behind && s.fresh:
+			return r.tokenBehind(ctx, s, pod)
+		case err != nil:
 			return r.giveBack(ctx, s, pod, err)
 		}
 	}
-	// Live and deleting locks only: a lock of a namespace that may not use
-	// the key learns nothing of its grants.
+	token := s.info.Token
 	for _, l := range append(slices.Clip(s.locks), s.deleting...) {
+		if !s.mayUse[l.Namespace] {
+			continue // a lock of a namespace that may not use the key learns nothing of it
+		}
 		status := map[string]any{}
 		if l.Status.HighestToken < token {
 			status["highestToken"] = token
 		}
-		var holder *locksv1.LockHolder
 		if pod != nil && l.Namespace == pod.Namespace && l.DeletionTimestamp.IsZero() {
-			if holder = s.holderStatus(l, l.Status.Holder); !equality.Semantic.DeepEqual(holder, l.Status.Holder) {
-				status["holder"] = holder
+			if grant, ok := s.grantRecord(l, pod); ok && !equality.Semantic.DeepEqual(grant, l.Status.Grant) {
+				status["grant"] = grant
 			}
 		}
 		if len(status) == 0 {
 			continue
 		}
-		data, err := json.Marshal(map[string]any{"status": status})
-		if err != nil {
-			return err
-		}
-		err = r.Status().Patch(ctx, l.DeepCopy(), client.RawPatch(types.MergePatchType, data))
+		err := r.patchStatusFields(ctx, s, l, status)
 		switch {
+		case apierrors.IsNotFound(err) && lifting:
+			// Deleted since the scope was read: the view is stale, and a gate
+			// of a lock that is gone is not lifted.
+			return r.giveBack(ctx, s, pod, fmt.Errorf("lock %s/%s is gone: %w", l.Namespace, l.Name, err))
 		case apierrors.IsNotFound(err):
 			continue
 		case apierrors.IsInvalid(err) && s.fresh:
-			// A higher token is recorded: Redis hands out tokens below one
-			// it handed out before (a restart without its data, on a host
-			// whose clock is behind). Tokens follow Redis's clock, so the
-			// grant is given back and tried again in a moment.
-			s.notReady = &condition{"FencingTokenBehind", fmt.Sprintf(
-				"a fencing token above %d, the one Redis gave this grant, is recorded for the key: the grant was given back, and is tried again every second", token)}
-			s.requeue(time.Second)
-			return r.giveBack(ctx, s, pod, nil)
-		case apierrors.IsInvalid(err):
-			return fmt.Errorf("lock %s/%s records a fencing token above %d, the held grant's: %w", l.Namespace, l.Name, token, err)
+			return r.tokenBehind(ctx, s, pod)
 		case err != nil:
-			return err
-		}
-		l.Status.HighestToken = max(l.Status.HighestToken, token)
-		if _, ok := status["holder"]; ok {
-			l.Status.Holder = holder
-		}
-		if before := s.before[client.ObjectKeyFromObject(l)]; before != nil {
-			before.Status.HighestToken, before.Status.Holder = l.Status.HighestToken, l.Status.Holder.DeepCopy()
+			return r.giveBack(ctx, s, pod, err)
 		}
 	}
+	if s.newGrant && pod != nil {
+		r.tellGranted(s, pod, token)
+	}
 	return nil
+}
+
+// grantRecord is the lock's record of the controller's grant to the pod:
+// the same grant with its latest token, the lift of this lock's gate
+// remembered once it happened; or a new one, unless the lock still records
+// another pod's grant that is not over (which forgetEndedGrants clears once
+// the API server shows it is).
+func (s *scope) grantRecord(l *locksv1.DistributedLock, pod *corev1.Pod) (*locksv1.LockGrant, bool) {
+	was := l.Status.Grant
+	switch {
+	case was == nil:
+		return &locksv1.LockGrant{PodName: pod.Name, PodUID: string(pod.UID), Token: s.info.Token,
+			GateLifted: s.liftsGate(l, pod), Since: metav1.Now()}, true
+	case was.PodUID == string(pod.UID):
+		next := *was
+		next.Token = max(was.Token, s.info.Token)
+		next.GateLifted = was.GateLifted || s.liftsGate(l, pod)
+		return &next, true
+	}
+	return nil, false
+}
+
+// patchStatusFields writes the status fields to the lock, preconditioned on
+// its resourceVersion, and keeps the scope's copies in step with the result.
+func (r *DistributedLockReconciler) patchStatusFields(ctx context.Context, s *scope, l *locksv1.DistributedLock, status map[string]any) error {
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": l.ResourceVersion}, "status": status})
+	if err != nil {
+		return err
+	}
+	written := l.DeepCopy()
+	if err := r.Status().Patch(ctx, written, client.RawPatch(types.MergePatchType, data)); err != nil {
+		return err
+	}
+	l.ResourceVersion = written.ResourceVersion
+	l.Status.HighestToken, l.Status.Grant = written.Status.HighestToken, written.Status.Grant
+	if before := s.before[client.ObjectKeyFromObject(l)]; before != nil {
+		before.ResourceVersion = written.ResourceVersion
+		before.Status.HighestToken, before.Status.Grant = written.Status.HighestToken, written.Status.Grant.DeepCopy()
+	}
+	return nil
+}
+
+// tokenBehind gives back a grant this reconcile took whose token is below
+// one recorded for the key: Redis hands out tokens below one it handed out
+// before (a restart that lost the counter, while this manager's clock is behind
+// the clock of the client that took the last grant). Tokens follow the clock,
+// so the key is taken again in a second.
+func (r *DistributedLockReconciler) tokenBehind(ctx context.Context, s *scope, pod *corev1.Pod) error {
+	s.notReady = &condition{"FencingTokenBehind", fmt.Sprintf(
+		"a fencing token above %d, the one Redis gave the latest grant, is recorded for the key: the grant was given back, and is tried again every second", s.info.Token)}
+	s.requeue(time.Second)
+	return r.giveBack(ctx, s, pod, nil)
 }
 
 // lifting reports whether markPods will lift a gate from the pod.
@@ -103,33 +148,34 @@ func (s *scope) lifting(pod *corev1.Pod) bool {
 	return false
 }
 
-// confirmNoOtherGrant reads the key's locks past the cache and fails if
-// one records a grant to another pod that has not stopped, or a fencing
-// token above the grant's: the view this grant was decided on is stale.
-func (r *DistributedLockReconciler) confirmNoOtherGrant(ctx context.Context, s *scope, pod *corev1.Pod) error {
+// confirmNoOtherGrant reads the key's locks past the cache and fails if one
+// records a grant to another pod that has not stopped, or a fencing token
+// above the grant's (behind is then true): the view this grant was decided
+// on is stale.
+func (r *DistributedLockReconciler) confirmNoOtherGrant(ctx context.Context, s *scope, pod *corev1.Pod) (behind bool, err error) {
 	for _, known := range s.all() {
 		l := &locksv1.DistributedLock{}
 		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(known), l); apierrors.IsNotFound(err) {
 			continue
 		} else if err != nil {
-			return err
+			return false, err
 		}
 		if l.Status.HighestToken > s.info.Token {
-			return fmt.Errorf("lock %s/%s records fencing token %d, above this grant's %d", l.Namespace, l.Name, l.Status.HighestToken, s.info.Token)
+			return true, fmt.Errorf("lock %s/%s records fencing token %d, above this grant's %d", l.Namespace, l.Name, l.Status.HighestToken, s.info.Token)
 		}
-		st := l.Status.Holder
-		if st == nil || !st.GrantedByController || st.PodUID == string(pod.UID) {
+		g := l.Status.Grant
+		if g == nil || g.PodUID == string(pod.UID) {
 			continue
 		}
-		other, _, err := r.podPastCache(ctx, types.NamespacedName{Namespace: l.Namespace, Name: st.PodName}, types.UID(st.PodUID))
+		other, _, err := r.podPastCache(ctx, types.NamespacedName{Namespace: l.Namespace, Name: g.PodName}, types.UID(g.PodUID))
 		if err != nil {
-			return err
+			return false, err
 		}
 		if other != nil && !stopped(other) {
-			return fmt.Errorf("pod %s/%s still has a grant of %s (fencing token %d) that the cache did not show", l.Namespace, st.PodName, s.key, st.Token)
+			return false, fmt.Errorf("pod %s/%s still has a grant of %s (fencing token %d) that the cache did not show", l.Namespace, g.PodName, s.key, g.Token)
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // giveBack releases a hold this reconcile took, which must not be used, and
@@ -142,6 +188,6 @@ func (r *DistributedLockReconciler) giveBack(ctx context.Context, s *scope, pod 
 		return errors.Join(why, fmt.Errorf("giving the hold back failed: %w", err))
 	}
 	r.grants.drop(s.key, pod.UID)
-	s.holders, s.grantee = nil, nil
+	s.holders, s.grantee, s.fresh = nil, nil, false
 	return why
 }

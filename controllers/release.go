@@ -5,6 +5,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
@@ -35,6 +36,26 @@ func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope
 		}
 	}
 	s.holders = remaining
+	return nil
+}
+
+// forgetEndedGrants clears the locks' records of grants that are over: their
+// pod has stopped (the cache may say so, as a stop is final), or the API
+// server said, while the scope was loaded, that it is gone. Nothing else
+// ends a record; a lock's record of another manager's later grant is kept
+// from being cleared by a stale one by the resourceVersion every status
+// write is preconditioned on.
+func (r *DistributedLockReconciler) forgetEndedGrants(_ context.Context, s *scope) error {
+	for _, l := range s.all() {
+		g := l.Status.Grant
+		if g == nil {
+			continue
+		}
+		_, gone := s.gone[types.UID(g.PodUID)]
+		if p := s.byUID[types.UID(g.PodUID)]; gone || (p != nil && stopped(p)) {
+			l.Status.Grant = nil
+		}
+	}
 	return nil
 }
 

@@ -73,11 +73,7 @@ func TestReviewStaleDecisionWithFreshTokenPassesTheFence(t *testing.T) {
 	defer close(reader.wake)
 	// While A is paused: its hold of z lapses, a selector edit leaves z
 	// out, and manager B grants x, which runs.
-	l := getLock(t, lock)
-	l.Spec.Candidates.MatchLabels["run"] = "x"
-	if err := k8s.Update(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Spec.Candidates.MatchLabels["run"] = "x" })
 	eventually(t, "A's hold of z to lapse", func() bool { return !holdsOn(t, srv, key, z) })
 	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns}})
 	eventually(t, "manager B to grant x", func() bool {
@@ -288,9 +284,8 @@ func TestReviewATokenBelowTheRecordStrandsTheGrantee(t *testing.T) {
 	key := lockKey(lock)
 	eventually(t, "the lock to be reconciled", func() bool { return getLock(t, lock).Status.Key == key })
 	// The record of a grant made by a Redis whose clock was 10 s ahead.
-	l := getLock(t, lock)
-	l.Status.HighestToken = time.Now().Add(10 * time.Second).UnixMicro()
-	if err := k8s.Status().Update(context.Background(), l); err != nil {
+	ahead := time.Now().Add(10 * time.Second).UnixMicro()
+	if err := updateLockStatus(t, lock, func(l *locksv1.DistributedLock) { l.Status.HighestToken = ahead }); err != nil {
 		t.Fatal(err)
 	}
 	first := createPod(t, ns, "first", "job", gatedBy("singleton"))

@@ -37,7 +37,10 @@ type scope struct {
 	// nothing new; a grant whose gate one of them lifted is kept until its
 	// pod stops, and only then does the lock go (finalizeDeleted).
 	deleting []*locksv1.DistributedLock
-	before   map[types.NamespacedName]*locksv1.DistributedLock
+	// ungiven are the deleting locks of namespaces that may not use the key
+	// that record no grant: only their finalizer is removed.
+	ungiven []*locksv1.DistributedLock
+	before  map[types.NamespacedName]*locksv1.DistributedLock
 
 	// client reads and releases the key. Holds are taken through the
 	// Client of the lease terms of the lock that grants them (clientFor).
@@ -79,11 +82,16 @@ type scope struct {
 	grantee  *corev1.Pod
 	conflict bool
 	// fresh is set when this reconcile took the key in Redis for the
-	// grantee: a hold that recordGrant gives back if it must not be used.
-	fresh bool
+	// grantee: a hold that recordGrant gives back if it must not be used;
+	// newGrant when that is a new grant, not the same grant taken again.
+	fresh, newGrant bool
 	// notReady, if set, is why the key's locks are not Ready, though Redis
 	// answered.
 	notReady *condition
+	// gateMemo is gateLocksOf's memory, and candidateAt each candidate's
+	// place in the waiting order.
+	gateMemo    map[types.UID]gateResult
+	candidateAt map[types.UID]int
 	// after is how soon the key must be looked at again, or 0.
 	after time.Duration
 }
@@ -91,6 +99,29 @@ type scope struct {
 // all are the scope's locks of every kind, for their statuses.
 func (s *scope) all() []*locksv1.DistributedLock {
 	return append(append(slices.Clip(s.locks), s.revoked...), s.deleting...)
+}
+
+// gateLocksOf is gateLocks of the pod, once a reconcile: a key's waiting
+// order asks it of every gated pod, more than once.
+func (s *scope) gateLocksOf(ctx context.Context, r *DistributedLockReconciler, pod *corev1.Pod) ([]*locksv1.DistributedLock, []gateProblem, error) {
+	if g, ok := s.gateMemo[pod.UID]; ok {
+		return g.locks, g.problems, nil
+	}
+	locks, problems, err := r.gateLocks(ctx, pod)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.gateMemo == nil {
+		s.gateMemo = map[types.UID]gateResult{}
+	}
+	s.gateMemo[pod.UID] = gateResult{locks, problems}
+	return locks, problems, nil
+}
+
+// gateResult is what gateLocks said of a pod.
+type gateResult struct {
+	locks    []*locksv1.DistributedLock
+	problems []gateProblem
 }
 
 // condition is a condition's reason and message.
@@ -136,6 +167,12 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		switch {
 		case !l.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(l, locksv1.Finalizer):
 			continue // nothing of it is left to settle
+		case !l.DeletionTimestamp.IsZero() && !r.Keys.Permits(l.Namespace, key) && l.Status.Grant == nil:
+			// A lock of a namespace that may not use the key, which records
+			// no grant, was given nothing (its finalizer, if any, is its
+			// tenant's own): it takes no part in the key.
+			s.ungiven = append(s.ungiven, l)
+			continue
 		case !l.DeletionTimestamp.IsZero():
 			s.deleting = append(s.deleting, l)
 		case !r.Keys.Permits(l.Namespace, key):
@@ -167,6 +204,10 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		}
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
+	s.candidateAt = make(map[types.UID]int, len(s.candidates))
+	for i, p := range s.candidates {
+		s.candidateAt[p.UID] = i
+	}
 	// After the candidates: a known holder found only now is none.
 	if err := r.addKnownHolders(ctx, s); err != nil {
 		return nil, err
@@ -241,6 +282,9 @@ func (r *DistributedLockReconciler) holderToken(s *scope) {
 		if st := l.Status.Holder; st != nil && st.OwnerID == string(h.owner) {
 			s.info.Token = max(s.info.Token, st.Token)
 		}
+		if g := l.Status.Grant; g != nil && h.byController() && g.PodUID == string(h.podUID) {
+			s.info.Token = max(s.info.Token, g.Token)
+		}
 	}
 }
 
@@ -291,15 +335,9 @@ func (s *scope) reread(ctx context.Context) error {
 	return nil
 }
 
-// locksIn are the scope's locks in the namespace.
+// locksIn are the scope's live locks in the namespace.
 func (s *scope) locksIn(namespace string) []*locksv1.DistributedLock {
-	var out []*locksv1.DistributedLock
-	for _, l := range s.locks {
-		if l.Namespace == namespace {
-			out = append(out, l)
-		}
-	}
-	return out
+	return inNamespace(s.locks, namespace)
 }
 
 // selectors are the scope's locks that select the pod.
@@ -315,8 +353,13 @@ func (s *scope) selectors(pod *corev1.Pod) []*locksv1.DistributedLock {
 
 // deletingIn are the scope's locks in the namespace being deleted.
 func (s *scope) deletingIn(namespace string) []*locksv1.DistributedLock {
+	return inNamespace(s.deleting, namespace)
+}
+
+// inNamespace are the locks of the namespace.
+func inNamespace(locks []*locksv1.DistributedLock, namespace string) []*locksv1.DistributedLock {
 	var out []*locksv1.DistributedLock
-	for _, l := range s.deleting {
+	for _, l := range locks {
 		if l.Namespace == namespace {
 			out = append(out, l)
 		}

@@ -35,7 +35,7 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 			st.Holder = nil
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionFalse, "Free", "Nobody holds the lock")
 		case holderPod != nil && holderPod.Namespace == l.Namespace:
-			st.Holder = s.holderStatus(l, st.Holder)
+			st.Holder = s.holderStatus(st.Holder)
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionTrue, "Held", "Held by pod "+holderPod.Name)
 		default:
 			st.Holder = nil
@@ -67,7 +67,10 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 			}
 		}
 		slices.SortFunc(st.Blocked, func(a, b locksv1.BlockedPod) int { return strings.Compare(a.PodName, b.PodName) })
+		// A lock's status stays small whatever the queue: the lists show
+		// the first ones, the count all.
 		st.WaitingCount = int32(len(st.Waiting) + len(st.Blocked))
+		st.Waiting, st.Blocked = st.Waiting[:min(len(st.Waiting), maxListed)], st.Blocked[:min(len(st.Blocked), maxListed)]
 		r.Metrics.record(l, len(s.holders) > 0, int(st.WaitingCount))
 	}
 	for _, l := range s.revoked {
@@ -75,34 +78,28 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 	}
 }
 
-// holderStatus is the lock's record of the key's holder, keeping the
-// since-time of the same ownership, and that the lock lifted the pod's gate
-// for as long as the pod holds the key.
-func (s *scope) holderStatus(l *locksv1.DistributedLock, was *locksv1.LockHolder) *locksv1.LockHolder {
+// maxListed is how many pods status.waiting and status.blocked list at most.
+const maxListed = 100
+
+// holderStatus shows the key's holder, keeping the since-time of the same
+// ownership.
+func (s *scope) holderStatus(was *locksv1.LockHolder) *locksv1.LockHolder {
 	h := s.holders[0]
 	next := &locksv1.LockHolder{PodName: h.pod.Name, PodUID: string(h.podUID), OwnerID: string(h.owner),
-		GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now(), GateLifted: s.liftsGate(l, h.pod)}
+		GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now()}
 	if was != nil && was.OwnerID == next.OwnerID && was.Token == next.Token {
 		next.Since = was.Since
-	}
-	if was != nil && was.PodUID == next.PodUID && was.GrantedByController && next.GrantedByController {
-		next.GateLifted = next.GateLifted || was.GateLifted
 	}
 	return next
 }
 
 // revokedStatus shows that the lock's namespace may not use its key, and
-// nothing of the key but a grant the lock made while it could, which is
-// kept, and recorded here, until its pod stops (recordedGrant).
+// nothing of the key. A grant the lock made while it could stays recorded
+// (status.grant), and kept, until its pod stops (recordedGrantee).
 func (r *DistributedLockReconciler) revokedStatus(s *scope, l *locksv1.DistributedLock) {
 	st := &l.Status
 	st.Key = s.key
-	st.Waiting, st.Blocked, st.WaitingCount = nil, nil, 0
-	if g := s.grantee; g == nil || st.Holder == nil || st.Holder.PodUID != string(g.UID) {
-		st.Holder = nil
-	} else if h := s.holderPod(); h != nil && h.UID == g.UID && s.holders[0].byController() {
-		st.Holder = s.holderStatus(l, st.Holder)
-	}
+	st.Holder, st.Waiting, st.Blocked, st.WaitingCount = nil, nil, nil, 0
 	setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
 		"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", s.key, l.Namespace))
 	for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
@@ -122,16 +119,21 @@ func (r *DistributedLockReconciler) waiting(ctx context.Context, s *scope) (wait
 		why, err := r.whyWaits(ctx, s, p)
 		switch {
 		case err != nil || why == stopping:
-		case why == "" && slices.Contains(s.candidates, p):
+		case why == "" && isCandidate(s, p):
 			waiting = append(waiting, p)
 		case why != "" && s.gatedByAny(p):
 			blocked[p] = why
 		}
 	}
 	slices.SortFunc(waiting, func(a, b *corev1.Pod) int {
-		return slices.Index(s.candidates, a) - slices.Index(s.candidates, b)
+		return s.candidateAt[a.UID] - s.candidateAt[b.UID]
 	})
 	return waiting, blocked
+}
+
+func isCandidate(s *scope, p *corev1.Pod) bool {
+	_, ok := s.candidateAt[p.UID]
+	return ok
 }
 
 // queued are the pods whose in-pod clients wait in Redis's queue for the

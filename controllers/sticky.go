@@ -34,9 +34,8 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 		if g.hold.Err() != nil || !held || !h.byController() {
 			r.grants.drop(s.key, g.podUID)
 			if p := s.byUID[g.podUID]; p != nil && !released(g.hold) {
-				// Not for a namespace that may no longer use the key, nor
-				// for a pod whose own client holds it now.
-				if _, heldItself := s.heldBy(g.podUID); !stopped(p) && s.mayHoldGrant(p) && !heldItself {
+				// Not for a namespace that may no longer use the key.
+				if !stopped(p) && s.mayHoldGrant(p) {
 					r.grants.put(s.key, &grant{podUID: g.podUID, pod: g.pod})
 				}
 				cause := redislock.ErrNotOwner
@@ -157,7 +156,7 @@ func (r *DistributedLockReconciler) clientFor(s *scope, pod *corev1.Pod) (leaseT
 	locks := append(append(s.locksIn(pod.Namespace), s.deletingIn(pod.Namespace)...), s.revoked...)
 	for _, claims := range []func(*locksv1.DistributedLock) bool{
 		func(l *locksv1.DistributedLock) bool {
-			st := l.Status.Holder
+			st := l.Status.Grant
 			return st != nil && st.GateLifted && st.PodUID == string(pod.UID)
 		},
 		func(l *locksv1.DistributedLock) bool { return hasGate(pod, locksv1.GateFor(l.Name)) },

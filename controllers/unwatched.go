@@ -23,9 +23,10 @@ type knownHolder struct {
 	uid types.UID
 }
 
-// knownHolders are the pods the controller knows have held the key: the one
-// it granted the key to, and those the statuses of the locks naming it name
-// (a status only ever names a pod of its lock's namespace).
+// knownHolders are the pods the controller knows have held the key, or
+// were granted it: the one it granted the key to, and those the statuses of
+// the locks naming it name (a status only ever names a pod of its lock's
+// namespace).
 func (r *DistributedLockReconciler) knownHolders(s *scope) []knownHolder {
 	var out []knownHolder
 	if g := r.grants.get(s.key); g != nil {
@@ -34,6 +35,9 @@ func (r *DistributedLockReconciler) knownHolders(s *scope) []knownHolder {
 	for _, l := range s.all() {
 		if st := l.Status.Holder; st != nil && st.PodName != "" {
 			out = append(out, knownHolder{types.NamespacedName{Namespace: l.Namespace, Name: st.PodName}, types.UID(st.PodUID)})
+		}
+		if g := l.Status.Grant; g != nil {
+			out = append(out, knownHolder{types.NamespacedName{Namespace: l.Namespace, Name: g.PodName}, types.UID(g.PodUID)})
 		}
 	}
 	return out

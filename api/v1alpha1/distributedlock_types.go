@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -66,6 +67,19 @@ func NamedLocks(labels, annotations map[string]string) []string {
 	}
 	add(labels[LockLabel])
 	return names
+}
+
+// SplitGates splits a pod's scheduling gates into lockwarden's, by lock
+// name, and other controllers'.
+func SplitGates(gates []corev1.PodSchedulingGate) (locks, foreign []string) {
+	for _, g := range gates {
+		if name, ok := strings.CutPrefix(g.Name, GatePrefix); ok {
+			locks = append(locks, name)
+		} else {
+			foreign = append(foreign, g.Name)
+		}
+	}
+	return locks, foreign
 }
 
 // GateFor is the scheduling gate by which a pod waits for the lock.
@@ -245,10 +259,7 @@ func (s PodSelector) LabelSelector() *metav1.LabelSelector {
 	return sel
 }
 
-// LockHolder is who holds the lock. For a grant by the controller it is the
-// record of the grant, written before any gate is lifted with it: only the
-// controller writes a lock's status, so this record, not the pod's marks
-// (which its tenant can write), is what the controller trusts.
+// LockHolder is who holds the lock in Redis, as the controller last saw it.
 type LockHolder struct {
 	// PodName is the holder pod, when the owner ID maps to a pod.
 	// +optional
@@ -262,11 +273,6 @@ type LockHolder struct {
 	// GrantedByController is true when the controller holds the lock on
 	// the pod's behalf, false for an in-pod client's own hold.
 	GrantedByController bool `json:"grantedByController"`
-	// GateLifted is true once the controller lifted this lock's gate from
-	// the pod for this grant. The grant is then kept until the pod stops,
-	// even if the lock is deleted: the lock's finalizer waits for it.
-	// +optional
-	GateLifted bool `json:"gateLifted,omitempty"`
 	// Token is the fencing token of this ownership.
 	Token int64 `json:"token"`
 	// Since is when the controller first saw this ownership.
@@ -280,6 +286,29 @@ type BlockedPod struct {
 	PodName string `json:"podName"`
 	// Reason says what holds it back.
 	Reason string `json:"reason"`
+}
+
+// LockGrant is the controller's record of its grant of the key to a pod of
+// the lock's namespace. It is written before any gate is lifted with the
+// grant, replaced only by a later grant once this one is over, and cleared
+// only once the API server shows the pod stopped or gone. Only the
+// controller writes a lock's status, so this record, not the pod's marks
+// (which its tenant can write), nor Redis (which can lose it, or show
+// somebody else meanwhile), is what the controller trusts.
+type LockGrant struct {
+	// PodName is the pod granted the key.
+	PodName string `json:"podName"`
+	// PodUID is its UID.
+	PodUID string `json:"podUID"`
+	// Token is the fencing token of the grant's latest hold.
+	Token int64 `json:"token"`
+	// GateLifted is true once this lock lifted its gate from the pod. The
+	// grant is then kept until the pod stops, even if the lock is deleted:
+	// its finalizer waits for the pod.
+	// +optional
+	GateLifted bool `json:"gateLifted,omitempty"`
+	// Since is when the grant was made.
+	Since metav1.Time `json:"since"`
 }
 
 // DistributedLockStatus is the observed state of the lock.
@@ -298,26 +327,33 @@ type DistributedLockStatus struct {
 	Holder *LockHolder `json:"holder,omitempty"`
 	// Waiting are this namespace's candidate pods waiting for the lock, in
 	// the order they will be granted it, which every lock naming the key
-	// shares. In mode Observe: this namespace's pods whose clients are
-	// queued for the key in Redis, head first.
+	// shares; the first 100 of them (WaitingCount counts them all). In mode
+	// Observe: this namespace's pods whose clients are queued for the key in
+	// Redis, head first.
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=100
 	Waiting []string `json:"waiting,omitempty"`
 	// Blocked are this namespace's pods behind this lock's gate that are not
 	// in the waiting order, each with what holds it back: a gate of another
 	// lock it takes first, another controller's gate, or a gate no lock can
-	// lift (see the pod's Events).
+	// lift (see the pod's Events); the first 100 by name.
 	// +optional
 	// +listType=map
 	// +listMapKey=podName
+	// +kubebuilder:validation:MaxItems=100
 	Blocked []BlockedPod `json:"blocked,omitempty"`
 	// WaitingCount is every pod waiting for the lock, Waiting and Blocked,
 	// for kubectl's columns.
 	// +optional
 	WaitingCount int32 `json:"waitingCount,omitempty"`
-	// HighestToken is the highest fencing token of a grant of the key the
-	// controller made, recorded on every lock naming the key before it lifts
-	// any gate. It never decreases, and the admission policy in
+	// Grant is the controller's record of its grant of the key to a pod of
+	// this namespace, while that grant lasts.
+	// +optional
+	Grant *LockGrant `json:"grant,omitempty"`
+	// HighestToken is the highest fencing token of the key's holders the
+	// controller has seen, recorded on every lock naming the key before it
+	// lifts any gate. It never decreases, and the admission policy in
 	// config/admission refuses to lift this lock's gate from a pod with a
 	// lower token: a manager that lost its grant (paused, or cut off, for
 	// longer than the lease) cannot ungate a pod after another manager

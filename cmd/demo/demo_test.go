@@ -43,7 +43,7 @@ func TestDemo(t *testing.T) {
 	}
 
 	facts := []struct{ what, pattern string }{
-		{"a web pod is granted leader", `(?m)^leader\s+demo/leader\s+web-\S+\s+\d+\s+2\s`},
+		{"a web pod is granted leader", `(?m)^leader\s+demo/leader\s+True\s+web-\S+\s+\d+\s+2\s+False\s`},
 		{"the leader is labelled as holder", `(?m)^web-\S+\s.*\sapp=web,holder\.lockwarden\.dev/leader=true,pod-template-hash=\S+$`},
 		{"the leader is annotated", `(?m)^token\.lockwarden\.dev/leader=\d+$`},
 		{"run-1 holds nightly, ungated", `(?m)^run-1-\S+\s+<none>\s+true\s+(Pending|Running)\s`},
@@ -52,7 +52,7 @@ func TestDemo(t *testing.T) {
 		{"the runs never overlap", `✓ the runs never overlapped: run-2's pod started \d+ms after run-1's stopped`},
 		{"the in-pod holder is shown", `(?m)^jobs\s+worker-\S+\s+[0-9a-f-]{36}:[0-9]+\s+false\s+\d+$`},
 		{"the worker fails by itself", `(?m)^worker-\S+\s+Failed\s+1$`},
-		{"the in-pod hold is released", `(?m)^jobs\s+demo/jobs\s+\S+$`},
+		{"the in-pod hold is released", `(?m)^jobs\s+demo/jobs\s+True\s+False\s+\S+$`},
 		{"Redis shows it released", `-> Redis: demo/jobs is free`},
 		{"the worker learns it", `the worker's hold\.Context\(\) ended: `},
 		{"the summary", `All checks passed in `},

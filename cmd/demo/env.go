@@ -119,6 +119,9 @@ func startEnv(ctx context.Context, e *env, opts options) error {
 	k := &kubectl{out: e.out, bin: e.kubectl, dir: root, env: e.kubectlEnv()}
 	for _, args := range [][]string{
 		{"apply", "-f", filepath.Join("config", "rbac", "role.yaml")},
+		// The admission policies an install ships: the gate a pod's
+		// lockwarden.dev/lock label asks for, and the fence on gate lifts.
+		{"apply", "-k", filepath.Join("config", "admission")},
 		{"create", "clusterrolebinding", "lockwarden-manager", "--clusterrole=manager-role", "--user=lockwarden-manager"},
 		{"create", "namespace", namespace},
 		{"config", "set-context", "--current", "--namespace=" + namespace},

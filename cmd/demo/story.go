@@ -380,7 +380,8 @@ func (d *demo) guardedRun(ctx context.Context) error {
 	d.say("A job that must never run twice at once. Its lock has the explicit key nightly,",
 		"which the manager's --shared-key flag shares with every namespace: every DistributedLock",
 		"naming it, in any namespace or cluster on this Redis, guards the same job. The CronJob's",
-		"pods are created behind the scheduling gate gate.lockwarden.dev/nightly: the scheduler",
+		"pod template carries one label, lockwarden.dev/lock: nightly; an admission policy creates",
+		"its pods behind the scheduling gate gate.lockwarden.dev/nightly, and the scheduler",
 		"leaves them alone until the controller grants one the lock and removes its gate. On these fake nodes a run lasts the 8s its pod annotation asks kwok for (long",
 		"enough for the demo to look at it even on a busy machine).")
 	if _, err := d.k.apply(ctx, `
@@ -391,9 +392,6 @@ metadata:
 spec:
   key: nightly
   leaseDuration: 10s
-  candidates:
-    matchLabels:
-      job: nightly
 ---
 apiVersion: batch/v1
 kind: CronJob
@@ -408,11 +406,10 @@ spec:
         metadata:
           labels:
             job: nightly
+            lockwarden.dev/lock: nightly
           annotations:
             `+plane.CompleteDelayAnnotation+`: 8s
         spec:
-          schedulingGates:
-          - name: gate.lockwarden.dev/nightly
           restartPolicy: Never
           containers:
           - name: billing

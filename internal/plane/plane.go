@@ -4,11 +4,19 @@
 // collector, service-account tokens), kube-scheduler, and kwok playing the
 // kubelet of fake nodes through the stages in stages.yaml.
 //
-// No container runs: a pod's phases and timings come from those stages. A
-// pod scheduled on a fake node is Running at once; a Job's pod then succeeds
-// after the delay in its annotation CompleteDelayAnnotation, or fails if it
-// also carries FailAnnotation; a pod deleted while running stops at its
-// deletion timestamp, so graceful deletion takes the whole grace period.
+// No container runs: a pod's phases and timings come from those stages,
+// written after the kubelet's own rules (getPhase in
+// k8s.io/kubernetes/pkg/kubelet/kubelet_pods.go). A pod scheduled on a fake
+// node runs its init containers in order (plain ones complete, native
+// sidecars run on) and then its app containers. Those exit as the pod's
+// annotations plan (ExitCodesAnnotation, or a Job pod's single exit after
+// CompleteDelayAnnotation, failing with FailAnnotation); the restart policy
+// then restarts them in the same pod, after a CrashLoopBackOff wait, or the
+// pod ends Succeeded or Failed. A pod deleted while it runs stops at its
+// deletion timestamp (or StopDelayAnnotation after the deletion), so
+// graceful deletion takes the grace period; sidecars stop after the app
+// containers. Every start and stop of every container is stamped, to the
+// nanosecond, in RunsAnnotation (see Runs).
 package plane
 
 import (
@@ -38,15 +46,53 @@ import (
 
 // Annotations that steer the kwok stages, and the ones they write.
 const (
-	// CompleteDelayAnnotation is how long a Job's pod runs before it
-	// succeeds (or fails), as a Go duration such as "3s"; 1s by default.
+	// CompleteDelayAnnotation is how long each run of the app containers
+	// lasts before it exits as planned (ExitCodesAnnotation, or a Job pod's
+	// single exit), as a Go duration such as "3s"; 1s by default.
 	CompleteDelayAnnotation = "pod-complete.stage.kwok.x-k8s.io/delay"
-	// FailAnnotation, set to "true" on a Job's pod, makes it fail with exit
-	// code 1 instead of succeeding.
+	// FailAnnotation, set to "true" on a Job's pod with no
+	// ExitCodesAnnotation, makes every run of it exit with code 1 instead of
+	// one run exiting with 0.
 	FailAnnotation = "plane.lockwarden.dev/fail"
+	// ExitCodesAnnotation plans the exits of the app containers, such as
+	// "1,0": run n (restartCount n) exits with the n-th code, each run
+	// lasting CompleteDelayAnnotation. With no code left the containers run
+	// until the pod is deleted. Whether an exit restarts them in the same
+	// pod is the restart policy's call, as the kubelet's: Always restarts
+	// every exit, OnFailure a non-zero one, Never none. All the app
+	// containers of a pod exit and restart together.
+	ExitCodesAnnotation = "plane.lockwarden.dev/exit-codes"
+	// BackoffAnnotation is how long a container that the restart policy
+	// restarts waits in CrashLoopBackOff before it runs again; 1s by
+	// default. Its termination shows for half a second before.
+	BackoffAnnotation = "plane.lockwarden.dev/backoff"
+	// InitDelayAnnotation is how long each plain init container runs before
+	// it completes (exit 0); 100ms by default.
+	InitDelayAnnotation = "plane.lockwarden.dev/init-delay"
+	// StopDelayAnnotation is how long the non-sidecar containers of a
+	// deleted pod take to exit on SIGTERM (code 143), capped by the grace
+	// period. Without it they ignore SIGTERM and are killed (137) at the
+	// deletion timestamp, the end of the grace period.
+	StopDelayAnnotation = "plane.lockwarden.dev/stop-delay"
+	// SidecarStopDelayAnnotation is how long native sidecars run on once
+	// the other containers have stopped for good (the pod ends, or is
+	// deleted), capped by the grace period on deletion; 0 by default.
+	SidecarStopDelayAnnotation = "plane.lockwarden.dev/sidecar-stop-delay"
+	// RunsAnnotation is kwok's log of every start and stop of every
+	// container of the pod (init containers, native sidecars, app
+	// containers), one line each, appended in the same patch as the status
+	// change it describes:
+	//
+	//	<RFC 3339 time with nanoseconds, UTC> start <container>
+	//	<RFC 3339 time with nanoseconds, UTC> stop <container> <exit code>
+	//
+	// Read it with Runs.
+	RunsAnnotation = "plane.lockwarden.dev/runs"
 	// RunningAtAnnotation and StoppedAtAnnotation hold, in RFC 3339 with
-	// nanoseconds, when the pod's containers started and stopped. The
-	// status holds the same instants to the second only.
+	// nanoseconds, when the pod's first container started and when its
+	// last one stopped once the pod ended. The status holds the same
+	// instants to the second only. A pod whose containers restart ran
+	// between the two with gaps: RunsAnnotation has each run.
 	RunningAtAnnotation = "plane.lockwarden.dev/running-at"
 	StoppedAtAnnotation = "plane.lockwarden.dev/stopped-at"
 )

@@ -3,6 +3,8 @@ package why
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -17,13 +19,15 @@ import (
 // (every namespace if it is ""), on purpose: when lockwarden is uninstalled,
 // its gated pods would otherwise wait for ever. They then start without
 // holding any lock. Other controllers' gates are kept. It returns the pods
-// it freed, as "namespace/name".
+// it freed, as "namespace/name", and the errors of those it could not free:
+// one pod's failure does not keep the others gated.
 func Free(ctx context.Context, c client.Client, namespace string) ([]string, error) {
 	var pods corev1.PodList
 	if err := c.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
 		return nil, err
 	}
 	var freed []string
+	var errs []error
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		kept := slices.DeleteFunc(slices.Clone(p.Spec.SchedulingGates), func(g corev1.PodSchedulingGate) bool {
@@ -43,9 +47,10 @@ func Free(ctx context.Context, c client.Client, namespace string) ([]string, err
 			return freed, err
 		}
 		if err := c.Patch(ctx, p, client.RawPatch(types.MergePatchType, patch)); err != nil {
-			return freed, err
+			errs = append(errs, fmt.Errorf("%s/%s: %w", p.Namespace, p.Name, err))
+			continue
 		}
 		freed = append(freed, p.Namespace+"/"+p.Name)
 	}
-	return freed, nil
+	return freed, errors.Join(errs...)
 }

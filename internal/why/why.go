@@ -27,7 +27,7 @@ func Explain(ctx context.Context, c client.Reader, namespace, name string) (stri
 		return "", err
 	}
 	var b strings.Builder
-	gated, foreign := gates(pod)
+	gated, foreign := locksv1.SplitGates(pod.Spec.SchedulingGates)
 	switch {
 	case stopped(pod):
 		fmt.Fprintf(&b, "pod %s has stopped (phase %s): it waits for nothing\n", pod.Name, pod.Status.Phase)
@@ -89,19 +89,6 @@ func explainLock(ctx context.Context, c client.Reader, pod *corev1.Pod, name str
 		parts = append(parts, "not in line: "+st.Blocked[i].Reason)
 	}
 	return prefix + ": " + strings.Join(parts, "; "), nil
-}
-
-// gates splits the pod's scheduling gates into lockwarden's (by lock name)
-// and others'.
-func gates(pod *corev1.Pod) (locks, foreign []string) {
-	for _, g := range pod.Spec.SchedulingGates {
-		if name, ok := strings.CutPrefix(g.Name, locksv1.GatePrefix); ok {
-			locks = append(locks, name)
-		} else {
-			foreign = append(foreign, g.Name)
-		}
-	}
-	return locks, foreign
 }
 
 // lockNames are the locks the pod is gated by, names, or is marked by,

@@ -32,7 +32,9 @@ type LockInfo struct {
 // Held reports whether anybody holds the lock.
 func (i LockInfo) Held() bool { return len(i.Holders) > 0 }
 
-// Inspect returns a consistent snapshot of the lock, in one round trip.
+// Inspect returns a consistent snapshot of the lock, in one round trip. It
+// returns ctx's error if ctx ends first, and ErrUnavailable if Redis cannot
+// be reached.
 func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err := validateName(name); err != nil {
 		return LockInfo{}, err
@@ -41,9 +43,9 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		return LockInfo{}, err
 	}
 	k := keysFor(name)
-	reply, err := c.scripts.inspect.Run(ctx, c.rdb, k.all).Slice()
+	reply, err := run(ctx, c.rdb, c.scripts.inspect, scriptArgs(c.scripts.inspect, k.keyArgs, 0)).Slice()
 	if err != nil {
-		return LockInfo{}, unavailable(err)
+		return LockInfo{}, failure(ctx, err)
 	}
 	if len(reply) != 4 {
 		return LockInfo{}, errScriptReply
@@ -62,6 +64,9 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	fields, _ := reply[2].([]any)
 	for i := 0; i+1 < len(fields); i += 2 {
 		owner, _ := fields[i].(string)
+		if strings.HasPrefix(owner, "~") {
+			continue // lockwarden's own (see scripts/lib.lua)
+		}
 		countText, _ := fields[i+1].(string)
 		var count int64
 		_, _ = fmt.Sscan(countText, &count)
@@ -79,8 +84,9 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 // owner ID is "<clientID>:<anything>", whatever its reentry count. If that
 // frees the lock, it is handed to the next live waiter, as by an Unlock.
 // Leases this Client held for those owners end with ErrReleased. It returns
-// how many holders it removed. The controller calls it with a pod UID when
-// the pod terminates.
+// how many holders it removed, ctx's error if ctx ends first, and
+// ErrUnavailable if Redis cannot be reached. The controller calls it with a
+// pod UID when the pod terminates.
 func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, error) {
 	if err := validateName(name); err != nil {
 		return 0, err
@@ -91,15 +97,13 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	if err := c.checkOpen(); err != nil {
 		return 0, err
 	}
-	// As in Unlock: no renewal may overlap the release.
-	c.renewing.RLock()
-	defer c.renewing.RUnlock()
 	k := keysFor(name)
 	prefix := clientID + ":"
-	n, err := c.scripts.forceRelease.Run(ctx, c.rdb, k.all,
-		prefix, k.noticePrefix, c.opts.QueueTTL.Milliseconds()).Int()
+	args := scriptArgs(c.scripts.forceRelease, k.keyArgs, 1)
+	args = append(args, prefix)
+	n, err := run(ctx, c.rdb, c.scripts.forceRelease, args).Int()
 	if err != nil {
-		return 0, unavailable(err)
+		return 0, failure(ctx, err)
 	}
 	c.mu.Lock()
 	var released []*ownership

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,16 +43,17 @@ type Options struct {
 
 	// RetryFallback bounds how long a waiter sleeps when it hears nothing,
 	// in case a release message was missed. A waiter retries after
-	// min(the lock's remaining lease, RetryFallback ± 20%). Default: 1s.
+	// min(the lock's remaining lease, RetryFallback ± 20%). It also sets how
+	// long a call whose reply was lost goes on resending its request to
+	// learn what Redis did: five RetryFallbacks. Default: 1s.
 	RetryFallback time.Duration
-	// QueueTTL is how long a waiter's place in the wait queue lasts without
-	// being refreshed; every retry refreshes it, so it must be above
-	// 1.2 × RetryFallback. It is also the longest lease an Unlock by this
-	// client grants when it hands the lock to the next waiter, who then
-	// extends it. Together they bound how long a crashed waiter can hold up
-	// the lock: about twice QueueTTL. It also bounds how long a call whose
-	// reply was lost goes on resending its request to learn what Redis did.
-	// Default: 5 × RetryFallback.
+	// QueueTTL is how long a waiter keeps its place in a lock's wait queue,
+	// and a lock handed to it, without being heard from: every retry
+	// refreshes its place, so it must be above 1.2 × RetryFallback, and a
+	// hand-over grants it at most this much lease, which it then extends.
+	// A waiter that died while queued holds the lock up for at most about
+	// twice its QueueTTL. It is the waiter's own: another client's QueueTTL
+	// never shortens it. Default: 5 × RetryFallback.
 	QueueTTL time.Duration
 
 	// WaitReplicas, when above 0, makes Lock wait (Redis WAIT) until that
@@ -73,8 +75,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ID == "" {
 		o.ID = newUUID()
 	}
-	if strings.ContainsAny(o.ID, " \t\r\n") {
-		return o, fmt.Errorf("redislock: Options.ID %q must not contain whitespace", o.ID)
+	if strings.ContainsAny(o.ID, " \t\r\n") || strings.HasPrefix(o.ID, "~") {
+		return o, fmt.Errorf("redislock: Options.ID %q must not contain whitespace or start with '~'", o.ID)
 	}
 	if o.WatchdogLease == 0 {
 		o.WatchdogLease = 30 * time.Second
@@ -122,8 +124,9 @@ func (o *Options) margin(lease time.Duration) time.Duration {
 }
 
 // Client takes and holds locks on one Redis deployment. It runs one renewal
-// loop for all the locks it holds and one pub/sub subscription for all its
-// waiters. A Client is safe for concurrent use; Close it when done.
+// loop for all the locks it holds, and its waiters share one pub/sub
+// connection, or on a sharded Cluster one per shard. A Client is safe for
+// concurrent use; Close it when done.
 type Client struct {
 	rdb  redis.UniversalClient
 	opts Options
@@ -133,22 +136,26 @@ type Client struct {
 
 	// scripts are the scripts for rdb: classic or sharded pub/sub.
 	scripts *scriptSet
-	// latchTTL is how long Redis keeps a request's result (see request.go);
 	// resolveWindow is how long a call resends a request whose reply was
-	// lost.
-	latchTTL      time.Duration
-	resolveWindow time.Duration
+	// lost; lateAfter, how long a request may take before a copy of it
+	// may arrive late; rememberFor, how long Redis keeps a finished call's
+	// ticket for such copies (see request.go).
+	resolveWindow, lateAfter, rememberFor time.Duration
+	rememberArg                           any // rememberFor in ms, boxed once
+	clientIDArg                           any // opts.ID, boxed once
+	ownerPrefix                           string
 
-	ownerSeq atomic.Uint64
-	closed   atomic.Bool
-	done     chan struct{} // closed by Close
+	ownerSeq  atomic.Uint64
+	ticketSeq atomic.Uint64
+	closed    atomic.Bool
+	done      chan struct{} // closed by Close
 	// closing is cancelled by Close, for the Redis calls in progress.
 	closing     context.Context
 	stopClosing context.CancelFunc
 	loops       sync.WaitGroup
-	// calls is held shared by every Lock and Unlock in progress, and
-	// exclusively by Close, which so waits for them to finish: a waiter
-	// leaves the wait queue before Close returns.
+	// calls is held shared by every Lock in progress, and exclusively by
+	// Close, which so waits for them to finish: a waiter leaves the wait
+	// queue before Close returns.
 	calls sync.RWMutex
 
 	mu    sync.Mutex
@@ -158,16 +165,12 @@ type Client struct {
 	// confirmNow tells the renewal loop.
 	confirms   []*ownership
 	confirmNow chan struct{}
-
-	// renewing is held by the renewal loop while a batch is in flight, so a
-	// final Unlock can wait for it and no renewal follows a release.
-	renewing sync.RWMutex
 }
 
 // New returns a Client on rdb, which may be a standalone, Sentinel (failover)
 // or Cluster client. The Client does not own rdb: Close does not close it.
 // In a pod, FromEnv builds both from the environment. New fails if the Redis
-// user lacks a permission the locks need (see checkPermissions); if Redis
+// user lacks a command or channel the locks need (see MinimalACL); if Redis
 // cannot be reached yet, it succeeds, and calls fail until it can.
 func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 	if rdb == nil {
@@ -178,28 +181,35 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 		return nil, err
 	}
 	sharded := ShardedPubSub(rdb)
-	if err := checkPermissions(rdb, opts.ID, sharded); err != nil {
-		return nil, err
-	}
 	c := &Client{
 		rdb:           rdb,
 		opts:          opts,
-		resolveWindow: opts.QueueTTL,
-		latchTTL:      latchTTL(rdb, opts.QueueTTL),
+		resolveWindow: 5 * opts.RetryFallback,
+		lateAfter:     lateAfter(rdb),
 		done:          make(chan struct{}),
 		held:          make(map[holdKey]*ownership),
 		confirmNow:    make(chan struct{}, 1),
 		scripts:       classicScripts,
+		clientIDArg:   opts.ID,
+		ownerPrefix:   opts.ID + ":",
 	}
 	if sharded {
 		c.scripts = shardedScripts
+	}
+	c.rememberFor = retryHorizon(rdb) + c.resolveWindow
+	c.rememberArg = c.rememberFor.Milliseconds()
+	if err := checkPermissions(rdb, c, sharded); err != nil {
+		return nil, err
 	}
 	c.closing, c.stopClosing = context.WithCancel(context.Background())
 	// Owner numbers start at a random point, so that two processes with
 	// the same ID (two containers of one pod, or a restarted container whose
 	// lease still runs) never share an owner ID and re-enter each other's
-	// locks. They never start at 0, the controller's own suffix.
+	// locks. They never start at 0, the controller's own suffix. Tickets
+	// start at random too: calls of one owner from two clients must not
+	// share one.
 	c.ownerSeq.Store(mathrand.Uint64N(1 << 62))
+	c.ticketSeq.Store(mathrand.Uint64())
 	c.waits = newWaiting(c, sharded)
 	c.loops.Add(1)
 	go c.renewLoop()
@@ -209,14 +219,16 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 // ID returns the client's ID, the first part of the owner IDs it creates.
 func (c *Client) ID() string { return c.opts.ID }
 
-// Close stops the renewal loop and the subscription, and waits for them to
-// exit. Waiting Locks leave the wait queue and return ErrClosed, and Close
-// waits for every call in progress. A call's Redis command already sent is
-// not interrupted (go-redis reads its reply until its read timeout, and
-// retries): on a dead connection, Close takes up to go-redis's MaxRetries ×
-// ReadTimeout, 9 s with its defaults. Locks still held are not released:
-// their leases run out, and their contexts are cancelled with ErrClosed.
-// Calls on a closed client return ErrClosed.
+// Close releases the locks the client holds, the levels its own Locks took,
+// in one pipelined round trip bounded by RetryFallback, and ends their
+// contexts with ErrClosed; a lock Redis could not be told about runs out
+// with its lease. It stops the renewal loop and the subscriptions, and waits
+// for them to exit. Waiting Locks leave the wait queue and return ErrClosed,
+// and Close waits for every Lock in progress. A call's Redis command already
+// sent is not interrupted (go-redis reads its reply until its read timeout,
+// and retries): on a dead connection, Close takes up to go-redis's
+// MaxRetries × ReadTimeout, 9 s with its defaults. Calls on a closed client
+// return ErrClosed.
 func (c *Client) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
@@ -229,15 +241,7 @@ func (c *Client) Close() error {
 	c.calls.Unlock()
 	c.loops.Wait()
 
-	c.mu.Lock()
-	owned := make([]*ownership, 0, len(c.held))
-	for _, o := range c.held {
-		owned = append(owned, o)
-	}
-	c.mu.Unlock()
-	for _, o := range owned {
-		c.end(o, ErrClosed)
-	}
+	c.releaseAll()
 	if c.ownedRedis != nil {
 		return c.ownedRedis.Close()
 	}
@@ -274,42 +278,66 @@ func (c *Client) untilClosed(ctx context.Context) (context.Context, context.Canc
 	}
 }
 
-// Owner identifies who holds a lock: an owner ID "<id>:<n>". A Lock whose
-// context carries the owner of a lock re-enters it; each Lock's Hold needs
-// its Unlock.
+// Owner identifies who holds a lock: an owner ID "<id>:<n>". Locks of one
+// owner re-enter each other; each Lock's Hold needs its Unlock.
 type Owner string
 
 // NewOwner returns an owner ID unique to this client: "<client ID>:<n>",
 // with n never 0 and unique across processes that share the client ID.
 func (c *Client) NewOwner() Owner {
-	return Owner(fmt.Sprintf("%s:%d", c.opts.ID, c.ownerSeq.Add(1)))
+	var buf [80]byte
+	b := append(buf[:0], c.ownerPrefix...)
+	return Owner(strconv.AppendUint(b, c.ownerSeq.Add(1), 10))
 }
 
-// Validate reports whether o has the form "<id>:<n>" with no whitespace.
+// newTicket returns the ID of a Lock call whose owner is not its own.
+func (c *Client) newTicket() string {
+	return strconv.FormatUint(c.ticketSeq.Add(1), 36)
+}
+
+// Validate reports whether o has the form "<id>:<n>" with no whitespace,
+// and does not start with '~' (lockwarden's own fields in a lock's hash).
 func (o Owner) Validate() error {
 	s := string(o)
 	i := strings.LastIndexByte(s, ':')
-	if i <= 0 || i == len(s)-1 || strings.ContainsAny(s, " \t\r\n") {
+	if i <= 0 || i == len(s)-1 || strings.ContainsAny(s, " \t\r\n") || s[0] == '~' {
 		return fmt.Errorf("%w: %q is not of the form <id>:<n>", ErrInvalidOwner, s)
 	}
 	return nil
 }
 
-type ownerKey struct{}
+// heldKey is the context key of WithHold.
+type heldKey struct{}
 
-// WithOwner returns a context that carries owner. A Lock made with it acts
-// for that owner, so code that passes the context along re-enters a lock its
-// caller holds (WithOwner(ctx, hold.Owner())), on any goroutine. Calls that
-// share an owner share its hold: give goroutines that must exclude each
-// other no owner, or owners of their own.
-func WithOwner(ctx context.Context, owner Owner) context.Context {
-	return context.WithValue(ctx, ownerKey{}, owner)
+// heldRef is a hold a context carries, and those it carried before.
+type heldRef struct {
+	name  string
+	owner Owner
+	next  *heldRef
 }
 
-// OwnerFromContext returns the owner carried by ctx, if any.
-func OwnerFromContext(ctx context.Context) (Owner, bool) {
-	o, ok := ctx.Value(ownerKey{}).(Owner)
-	return o, ok
+// WithHold returns a context that carries h, so that a Lock of h's lock made
+// with it re-enters h's ownership at once, with its fencing token, on any
+// goroutine and through any Mutex or Client of that lock, and returns a
+// Hold of its own. If h's ownership has ended, such a Lock takes the lock
+// anew for h's owner, with a new token, like any Lock of that owner. Locks
+// of other names are unaffected: each acts for an owner of its own, unless
+// the context carries a hold of that lock too. Calls that share a context
+// share its holds: give goroutines that must exclude each other contexts
+// without the hold.
+func WithHold(ctx context.Context, h *Hold) context.Context {
+	next, _ := ctx.Value(heldKey{}).(*heldRef)
+	return context.WithValue(ctx, heldKey{}, &heldRef{name: h.Name(), owner: h.Owner(), next: next})
+}
+
+// heldOwner returns the owner of the hold of lock name that ctx carries.
+func heldOwner(ctx context.Context, name string) (Owner, bool) {
+	for r, _ := ctx.Value(heldKey{}).(*heldRef); r != nil; r = r.next {
+		if r.name == name {
+			return r.owner, true
+		}
+	}
+	return "", false
 }
 
 func newUUID() string {

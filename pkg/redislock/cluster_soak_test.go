@@ -19,11 +19,16 @@ import (
 
 // TestClusterSoak takes locks on every shard of a 3-master, 3-replica Redis
 // Cluster from 8 clients while replicas are promoted (CLUSTER FAILOVER: the
-// promoted node has none of the scripts cached) and masters lose their script
-// caches, and checks the holders with the soak's checker. A manual failover
-// loses no write, and no holder is paused, so the checker must count no
-// overlap, no token that fails to rise, no stale write accepted and no hold
-// lost at all; and every client must go on acquiring after the last fault.
+// promoted node has none of the scripts cached, and the demoted one drops
+// its sharded subscriptions) and masters lose their script caches, with
+// plain listeners on every lock's release channel, and checks the holders
+// with the soak's checker. A manual failover loses no write, and no holder
+// is paused, so the checker must count no overlap, no token that fails to
+// rise, no stale write accepted, no write by a Hold that outlived its lock
+// and no hold lost at all; every client must go on acquiring after the last
+// fault; and a second after each fault, waiters must be woken as before: no
+// wait may then last as long as the RetryFallback (2 s) that a waiter
+// deaf to its notices would sleep.
 func TestClusterSoak(t *testing.T) {
 	const (
 		workers      = 8
@@ -40,15 +45,23 @@ func TestClusterSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Plain listeners on every lock's release channel, as the controller
+	// is on a Redis 7 Cluster.
+	for i := range locks {
+		listener := cl.Client(t).SSubscribe(ctx, fmt.Sprintf("redisson_lock__channel:{cluster-soak:%d}", i))
+		t.Cleanup(func() { _ = listener.Close() })
+	}
+	const fallback = 2 * time.Second
 	var (
 		wg    sync.WaitGroup
 		total atomic.Int64
 		lost  atomic.Int64                    // holds that ended before their Unlock
 		after = make([]atomic.Int64, workers) // acquisitions after the last fault
+		waits = newWaitLog()
 	)
 	for i := range workers {
 		c := newClient(t, cl.Client(t), redislock.Options{WatchdogLease: 2 * time.Second,
-			RetryFallback: 100 * time.Millisecond, QueueTTL: time.Second})
+			RetryFallback: fallback, QueueTTL: 5 * time.Second})
 		w := &soakWorker{cfg: soakConfig{Process: 0, Incarnation: 1}, checker: checker}
 		wg.Add(1)
 		go func() {
@@ -56,7 +69,9 @@ func TestClusterSoak(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(i), 1))
 			for n := 0; ctx.Err() == nil; n++ {
 				m := newMutex(t, c, fmt.Sprintf("cluster-soak:%d", r.IntN(locks)), nil)
+				asked := time.Now()
 				hold, err := m.TryLock(ctx, 5*time.Second)
+				waits.add(asked, time.Now())
 				if err != nil {
 					continue // a failover in progress, or the wait bound
 				}
@@ -76,7 +91,8 @@ func TestClusterSoak(t *testing.T) {
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	failovers, flushes := 0, 0
 	for total.Load() < acquisitions {
-		time.Sleep(time.Duration(500+r.IntN(1000)) * time.Millisecond)
+		time.Sleep(time.Duration(1500+r.IntN(1000)) * time.Millisecond)
+		waits.fault(time.Now())
 		if r.IntN(2) == 0 {
 			if promoteAReplica(t, ctx, cl, r) {
 				failovers++
@@ -85,6 +101,7 @@ func TestClusterSoak(t *testing.T) {
 			flushAMaster(t, ctx, cl, r)
 			flushes++
 		}
+		waits.fault(time.Now())
 		for i := range after {
 			after[i].Store(0)
 		}
@@ -120,6 +137,55 @@ func TestClusterSoak(t *testing.T) {
 			t.Errorf("checker counted %d %s", n, v)
 		}
 	}
+	if slow := waits.slowAfterFaults(time.Second, fallback*3/4); len(slow) > 0 {
+		t.Errorf("%d waits, starting a second or more after a fault, lasted as long as a waiter deaf to its notices sleeps: %v", len(slow), slow)
+	}
+}
+
+// waitLog records when waits and faults began and ended.
+type waitLog struct {
+	mu     sync.Mutex
+	waits  [][2]time.Time
+	faults []time.Time // start and end of each fault, in turn
+}
+
+func newWaitLog() *waitLog { return &waitLog{} }
+
+func (l *waitLog) add(start, end time.Time) {
+	l.mu.Lock()
+	l.waits = append(l.waits, [2]time.Time{start, end})
+	l.mu.Unlock()
+}
+
+func (l *waitLog) fault(at time.Time) {
+	l.mu.Lock()
+	l.faults = append(l.faults, at)
+	l.mu.Unlock()
+}
+
+// slowAfterFaults returns the waits of at least long that began at least
+// settle after the last fault ended and ended before the next began.
+func (l *waitLog) slowAfterFaults(settle, long time.Duration) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var slow []string
+	for _, w := range l.waits {
+		if w[1].Sub(w[0]) < long {
+			continue
+		}
+		quiet := true
+		for i := 0; i+1 < len(l.faults); i += 2 {
+			start, end := l.faults[i], l.faults[i+1]
+			if w[0].Before(end.Add(settle)) && w[1].After(start) {
+				quiet = false
+				break
+			}
+		}
+		if quiet {
+			slow = append(slow, fmt.Sprintf("%s for %v", w[0].Format("15:04:05.000"), w[1].Sub(w[0]).Round(time.Millisecond)))
+		}
+	}
+	return slow
 }
 
 // promoteAReplica runs CLUSTER FAILOVER on a random replica that is in

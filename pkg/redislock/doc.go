@@ -20,34 +20,50 @@
 // goroutine. Every Lock acts for a new owner, so goroutines that share a Mutex
 // exclude each other, as with sync.Mutex. Lock returns a Hold, the handle
 // whose Unlock undoes that Lock and nothing else; unlocking it twice returns
-// ErrNotHeld. Re-entry is explicit: a Lock whose context carries the owner of
-// a hold (WithOwner(ctx, hold.Owner())) re-enters it at once, with the same
-// fencing token, and returns a Hold of its own. Redis counts the levels; the
-// last Unlock frees the lock. MutexOptions.Owner fixes the owner of every
-// Lock of a Mutex, for a controller that holds locks on behalf of others.
+// ErrNotHeld. Re-entry is explicit: a Lock whose context carries a hold of the
+// lock (WithHold(ctx, hold)) re-enters it at once, with the same fencing
+// token, and returns a Hold of its own; the context re-enters that lock only,
+// not others. Redis counts the levels; the last Unlock frees the lock.
+// MutexOptions.Owner fixes the owner of every Lock of a Mutex, for a
+// controller that holds locks on behalf of others, in one Client or several.
+// The holds of one owner share one lease in Redis, so they must share its
+// terms: a Lock that would re-enter an ownership under another lease, or a
+// fixed lease where it has a watchdog, fails with ErrLeaseMismatch and
+// changes nothing.
 //
 // # Safe to send twice
 //
 // A reply can be lost after Redis ran the command: a timeout, a reset
 // connection, a context cancelled in flight. go-redis then sends the command
 // again, and so does this package, since only Redis knows what happened.
-// Every script that changes a lock is safe to run twice: Lock and Unlock
-// carry a request ID, and the first run's result is kept under
-// lockwarden_lock_request:{<name>}:<request ID> for the retries to find (the
-// idea of Redisson's unlock latch). A Lock whose outcome stays unknown leaves
-// nothing that anyone renews, so whatever it took runs out with its lease. An
-// Unlock that failed can be called again on the same Hold: it resends the same
-// request. A failed last Unlock still ends the hold: renewal stops, and the
-// lock runs out with its lease.
+// Every script that changes a lock is safe to run twice: each Lock call has a
+// ticket (its new owner's ID, or a random one), all its requests and its
+// Hold's Unlock carry it, and the lock's own hash records each call's level
+// for as long as it is held (Redisson's layout plus fields of lockwarden's,
+// see scripts/lib.lua). A resent Lock finds its level there and counts none;
+// a resent Unlock finds its level gone and undoes nothing more; a lock handed
+// over to a waiter is its level too, which any of the waiter's requests
+// takes. Nothing lives apart from the lock that an eviction could take
+// away. A copy of a Lock's request that arrives late, after its Unlock, is
+// refused too: when a request took long enough for that, or was resent, Redis
+// remembers the finished call for as long as go-redis may still send it. A
+// Lock whose outcome stays unknown leaves nothing that anyone renews, so
+// whatever it took runs out with its lease. An Unlock that failed can be
+// called again on the same Hold, however late; a failed last Unlock still
+// ends the hold (renewal stops, and the lock runs out with its lease) and
+// also releases the levels of other Holds whose Unlock failed.
 //
 // # Leases and the watchdog
 //
-// With MutexOptions.Lease set, a lock simply expires after that long. Without
-// it, the lock gets Options.WatchdogLease (30s) and the client's one renewal
-// loop renews it every RenewInterval (lease/3), in pipelined batches for all
-// locks the client holds, until Unlock. Renewal is registered before Lock
-// returns and ends before Unlock returns. Leases are whole milliseconds, at
-// least MinLease.
+// With MutexOptions.Lease set, a lock simply expires after that long, unless
+// Hold.Refresh extends it; Hold.TTL tells how long it has left. Without it,
+// the lock gets Options.WatchdogLease (30s) and the client's one renewal loop
+// renews it every RenewInterval (lease/3), in pipelined batches for all locks
+// the client holds, until Unlock. Renewal is registered before Lock returns
+// and ends before Unlock returns; a renewal in flight never extends a lock
+// released meanwhile, and never waits for a release, so a slow Unlock holds
+// up no other lock's renewal. Leases are whole milliseconds, at least
+// MinLease. Close releases the locks the client holds.
 //
 // # The lost-lease signal
 //
@@ -67,68 +83,89 @@
 // greater than all earlier ones and unchanged by re-entry. A protected
 // resource that refuses tokens lower than the highest it has seen turns a
 // stale holder's writes into errors. A token is one more than the last, or
-// the server clock in microseconds if that is higher, so tokens keep rising
-// even when Redis loses the counter or its last increments: a restart without
+// the clock in microseconds if that is higher (the acquiring client's, or
+// the releasing client's for a hand-over), so tokens keep rising even when
+// Redis loses the counter or its last increments: a restart without
 // persistence, a crash with appendfsync everysec, a failover to a lagging
-// replica, or the counter's own expiry a day after its last token.
+// replica; provided the clocks of the clients that take a lock are not
+// further apart than such a loss takes. The counter is Redisson's, and keeps Redisson's semantics: it
+// never expires, and Redisson's fenced lock INCRs it, so a Go and a Java
+// holder's tokens rise together.
 //
 // # Waiting
 //
 // Waiters form a first-come, first-served queue in Redis. The Unlock that
 // frees the lock hands it straight to the waiter at the head of the queue,
 // with a new token, and tells that waiter on the lock's notice channel for
-// its client: the
-// waiter holds the lock when the notice arrives, without another round trip,
-// and no other waiter wakes. The hand-over grants at most Options.QueueTTL of
-// lease, which the new holder extends to its own lease a third of the way
-// in, so a waiter that died while queued holds up the lock for at most about
-// twice QueueTTL. A client listens on two channels per lock it waits for,
-// the lock's release channel and its notice channel; on a Redis 7 Cluster
-// they are sharded channels (SSUBSCRIBE and SPUBLISH, as Redisson uses
-// there), so messages reach the lock's shard only and Redisson's waiters and
-// ours wake each other. A client uses one pub/sub connection for all its
-// waiters, or on a sharded Cluster one per lock waited on.
+// its client: the waiter holds the lock when the notice arrives, without
+// another round trip, and no other waiter wakes. The hand-over grants at most
+// the waiter's own Options.QueueTTL of lease, which the new holder extends to
+// its own lease a third of the way in, so a waiter that died while queued
+// holds up the lock for at most about twice its QueueTTL; no client's
+// QueueTTL shortens another's place or hand-over. A client listens on three
+// channels per lock it waits for, the lock's release channel, its notice
+// channel and a members channel that counts lockwarden's listeners; on a
+// Redis 7 Cluster they are sharded channels (SSUBSCRIBE and SPUBLISH, as
+// Redisson uses there), so messages reach the lock's shard only and
+// Redisson's waiters and ours wake each other. A client uses one pub/sub
+// connection for all its waiters, or on a sharded Cluster one per shard;
+// after a failover moves a slot, or a shard's connection breaks, the client
+// subscribes again on the slot's new master, and its waiters retry.
 //
 // An Unlock that frees the lock with nobody queued publishes "0" on
 // redisson_lock__channel:{<name>}, as Redisson's does. A lock can also come
 // free with nobody told: its lease ran out (Redis publishes nothing then), or
-// a Redisson client released it while lockwarden waiters queued. So the
-// head of the queue never sleeps longer than min(the lock's remaining lease,
-// Options.RetryFallback ±20%) before it tries again, and every waiting path
-// has such a bound, the wait for its subscription included. Redisson clients
-// do not queue: they take the lock whenever they find it free. So that they
-// get their share, a release that finds Redisson clients listening leaves
-// the lock free, rather than handing it over, unless the queue is owed a
-// turn for a race its head lost to one of them.
+// a Redisson client released it while lockwarden waiters queued. So the head
+// of the queue never sleeps longer than min(the lock's remaining lease,
+// Options.RetryFallback ±20%) before it tries again, the waiter second in
+// line no longer than until the entry ahead of it lapses, and every waiting
+// path has such a bound, the wait for its subscription included.
+//
+// Redisson clients do not queue: they take the lock whenever they find it
+// free, and TryLock(ctx, 0) does the same. So that Redisson clients get
+// their share, a release leaves the lock free, rather than handing it over,
+// for ten seconds after a Redisson holder was last seen, unless the queue is
+// owed a turn for a race its head lost to one. Redisson waiters that never
+// got the lock are found by a race now and then, when clients that are not
+// lockwarden's listen on the release channel (PUBSUB NUMSUB): a second after
+// the queue formed, then ever more rarely, up to every 30 s, while none wins
+// one. A plain listener, such as the controller, so costs a waiter one
+// extra round trip now and then, and never turns the hand-over off.
 //
 // # Redis layout
 //
-//	<name>                                   hash: owner ID -> reentry count; PEXPIRE is the lease
+//	<name>                                   hash: owner ID -> reentry count (Redisson's); PEXPIRE is the lease;
+//	                                         and lockwarden's ~t (token and lease terms), ~h<ticket> (a call's level), ~q (waiters)
 //	redisson_lock__channel:{<name>}          channel: "0" when the lock is freed
-//	redisson_lock_token:{<name>}             counter: fencing tokens; expires a day after the last
+//	redisson_lock_token:{<name>}             counter: fencing tokens (Redisson's; no expiry)
 //	lockwarden_lock_queue:{<name>}           sorted set: waiting owners, by arrival
-//	lockwarden_lock_queue_entry:{<name>}     hash: owner ID -> "<lapses at, ms> <lease, ms> <client ID>", or a grant "g <token>"
-//	lockwarden_lock_request:{<name>}:<id>    string: a request's result, for its retries; expires
+//	lockwarden_lock_queue_entry:{<name>}     hash: owner ID -> "<lapses at, ms> <lease ms> <queue TTL ms> <client ID> <ticket> <terms>"; fair-share state
+//	lockwarden_lock_done:{<name>}            hash: tickets of finished calls whose requests may still arrive late; expires
 //	lockwarden_lock__notice:{<name>}:<client ID> channel: hand-overs and "you are next" notices for a client's waiters
 //
 // All keys of a lock share a hash tag, so every script call stays within one
 // Redis Cluster slot. As with Redisson's prefixName, the tag is {<name>}, or,
 // for a name that has a tag of its own ("{tenant}:orders"), the name as it
-// is. The queue keys expire two QueueTTLs after the last waiter refreshed
-// them. Standalone, Sentinel (redis.NewFailoverClient) and Cluster clients
-// all work. Set Options.WaitReplicas to have Lock wait for replicas to
-// acknowledge, hand-overs included.
+// is; a name that is a tag alone ("{orders}") would share every key but the
+// hash with another ("orders"), and is refused. The queue keys expire two
+// QueueTTLs after the last waiter refreshed them. Standalone, Sentinel
+// (redis.NewFailoverClient) and Cluster clients all work. Set
+// Options.WaitReplicas to have Lock wait for replicas to acknowledge,
+// hand-overs included.
 //
 // # Permissions
 //
-// A Redis ACL user needs MinimalACL. New checks that the user may publish on
-// the channels the scripts use, and refuses one that may not.
+// A Redis ACL user needs MinimalACL. New checks that the user may run every
+// command the scripts call and publish on the channels they use, and refuses
+// one that may not.
 //
 // # Errors
 //
 // Calls return ErrNotHeld, ErrNotOwner, ErrWaitTimeout, ErrUnavailable
-// (wrapping the Redis error), ErrInvalidName, ErrInvalidOwner or ErrClosed,
-// or the caller's own context error; test them with errors.Is. None panics,
-// and a failed call leaves the lock as it was, or as the request's one run in
-// Redis left it.
+// (wrapping the Redis error), ErrLeaseMismatch, ErrLeaseLost (a Lock whose
+// lease ran out before Redis's answer came back), ErrInvalidName,
+// ErrInvalidOwner or ErrClosed, or the caller's own context error; test them
+// with errors.Is. A Hold's Context ends with ErrReleased, ErrNotOwner,
+// ErrLeaseLost or ErrClosed. None panics, and a failed call leaves the lock
+// as it was, or as the request's one run in Redis left it.
 package redislock

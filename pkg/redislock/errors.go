@@ -34,8 +34,16 @@ var (
 	// ErrInvalidOwner is returned, before any call to Redis, for an owner ID
 	// that is not of the form "<id>:<n>".
 	ErrInvalidOwner = errors.New("redislock: invalid owner ID")
-	// ErrClosed is returned by every call on a closed Client.
+	// ErrClosed is returned by every call on a closed Client, and is the
+	// cause of a lease's context when its client closed.
 	ErrClosed = errors.New("redislock: client closed")
+	// ErrLeaseMismatch is returned by a Lock that would re-enter an
+	// ownership held under other lease terms: another lease length, or a
+	// fixed lease where the ownership has a watchdog (or the other way
+	// round), whether through another Mutex or another Client. Nothing is
+	// changed: one owner's holds share one lease in Redis, and a re-entry
+	// under other terms would cut it short, or let it outlive its holder.
+	ErrLeaseMismatch = errors.New("redislock: the ownership is held under other lease terms")
 )
 
 // unavailable classifies an error from go-redis. Context errors pass through

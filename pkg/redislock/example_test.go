@@ -44,7 +44,7 @@ func Example() {
 
 	// Re-entry is explicit: a Lock whose context carries the hold's owner
 	// re-enters, with the same fencing token. Its Hold needs its own Unlock.
-	again, err := mu.Lock(redislock.WithOwner(ctx, hold.Owner()))
+	again, err := mu.Lock(redislock.WithHold(ctx, hold))
 	if err != nil {
 		panic(err)
 	}
@@ -117,7 +117,7 @@ func ExampleMutex_TryLock() {
 	// true
 }
 
-func ExampleWithOwner() {
+func ExampleWithHold() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: exampleRedis})
 	defer rdb.Close()
@@ -127,7 +127,7 @@ func ExampleWithOwner() {
 	accounts, _ := client.NewMutex("example:accounts", nil)
 
 	// transfer locks the accounts itself. A caller that holds the lock
-	// passes its owner in the context, and transfer re-enters.
+	// passes its hold in the context, and transfer re-enters.
 	transfer := func(ctx context.Context) error {
 		hold, err := accounts.Lock(ctx)
 		if err != nil {
@@ -144,7 +144,7 @@ func ExampleWithOwner() {
 		panic(err)
 	}
 	defer hold.Unlock(ctx)
-	if err := transfer(redislock.WithOwner(ctx, hold.Owner())); err != nil {
+	if err := transfer(redislock.WithHold(ctx, hold)); err != nil {
 		panic(err)
 	}
 	// Output:

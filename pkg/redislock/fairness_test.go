@@ -14,27 +14,32 @@ import (
 
 // A mixed fleet shares a lock fairly: 4 lockwarden clients and 4 clients
 // running Redisson's own scripts contend for one lock, and each side gets at
-// least 30% of the acquisitions. Hand-overs alone would starve the Redisson
-// clients, who only take a lock they find free. Both sides also exclude each
-// other throughout: the critical section counts overlaps.
+// least 40% of the acquisitions (the issue 21 target for the Redisson side)
+// once lockwarden's releases found the Redisson clients: the first 200
+// acquisitions, while they may not yet have, are not counted. Hand-overs
+// alone would starve the Redisson clients, who only take a lock they find
+// free. Both sides also exclude each other throughout: the critical section
+// counts overlaps.
 func TestMixedFleetIsFair(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(testContext(t))
 	defer cancel()
 	name := lockName(t)
-	const perSide, rounds = 4, 600
+	const perSide, warmup, rounds = 4, 200, 800
 
 	var inside, overlaps atomic.Int32
-	var ours, theirs atomic.Int64
+	var all, ours, theirs atomic.Int64
 	critical := func(side *atomic.Int64) {
 		if inside.Add(1) != 1 {
 			overlaps.Add(1)
 		}
 		time.Sleep(200 * time.Microsecond)
 		inside.Add(-1)
-		side.Add(1)
+		if all.Add(1) > warmup {
+			side.Add(1)
+		}
 	}
-	done := func() bool { return ours.Load()+theirs.Load() >= rounds }
+	done := func() bool { return all.Load() >= warmup+rounds }
 
 	var wg sync.WaitGroup
 	for i := range perSide {
@@ -57,19 +62,19 @@ func TestMixedFleetIsFair(t *testing.T) {
 				time.Sleep(500 * time.Microsecond)
 			}
 		}()
-		r := &redissonLock{rdb: srv.Client(t), name: name, owner: fmt.Sprintf("0b7e3c11-redisson-%d:1", i), lease: 30 * time.Second}
+		r := &redistest.Redisson{RDB: srv.Client(t), Name: name, Owner: fmt.Sprintf("0b7e3c11-redisson-%d:1", i), Lease: 30 * time.Second}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for !done() && ctx.Err() == nil {
-				if err := r.lock(ctx); err != nil {
+				if err := r.Lock(ctx); err != nil {
 					if ctx.Err() == nil {
 						t.Errorf("Redisson client %d: %v", i, err)
 					}
 					return
 				}
 				critical(&theirs)
-				if _, err := r.unlock(ctx); err != nil {
+				if _, err := r.Unlock(ctx); err != nil {
 					t.Errorf("Redisson client %d: %v", i, err)
 					return
 				}
@@ -84,8 +89,8 @@ func TestMixedFleetIsFair(t *testing.T) {
 		t.Fatalf("%d acquisitions overlapped another", n)
 	}
 	for side, n := range map[string]int64{"lockwarden": ours.Load(), "Redisson": theirs.Load()} {
-		if n*10 < total*3 {
-			t.Errorf("%s clients got %d of %d acquisitions, under 30%%", side, n, total)
+		if n*10 < total*4 {
+			t.Errorf("%s clients got %d of %d acquisitions, under 40%%", side, n, total)
 		}
 	}
 }

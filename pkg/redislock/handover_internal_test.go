@@ -3,9 +3,35 @@ package redislock
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/lockwarden/lockwarden/internal/redistest"
 )
+
+// callFor is a Lock call of owner, with a ticket of its own.
+func callFor(c *Client, owner Owner) *lockCall {
+	ticket := c.newTicket()
+	return &lockCall{owner: owner, ownerArg: string(owner), ticket: ticket, ticketArg: ticket}
+}
+
+// queueThree takes m for a holder and queues two more calls behind it, with
+// the scripts Lock runs, and returns the holder's Hold and the two calls.
+func queueThree(t *testing.T, c *Client, m *Mutex) (*Hold, *lockCall, *lockCall) {
+	t.Helper()
+	ctx := context.Background()
+	calls := []*lockCall{callFor(c, c.NewOwner()), callFor(c, c.NewOwner()), callFor(c, c.NewOwner())}
+	var holder *Hold
+	for i, call := range calls {
+		res, err := c.tryAcquire(ctx, m, call, true, 0)
+		if err != nil || res.acquired != (i == 0) {
+			t.Fatalf("acquire by call %d: acquired %v, %v", i, res.acquired, err)
+		}
+		if i == 0 {
+			holder = c.hold(m, call, res, time.Now())
+		}
+	}
+	return holder, calls[1], calls[2]
+}
 
 // TestLeaveUndoesALateHandOver: a waiter that gave up just as the lock was
 // handed to it leaves with leave.lua, which undoes the hand-over and passes
@@ -22,33 +48,26 @@ func TestLeaveUndoesALateHandOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, _ := m.leaseTerms()
-	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
-	for i, owner := range []Owner{holder, gaveUp, next} {
-		res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, string(owner))
-		if err != nil || res.acquired != (i == 0) {
-			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
-		}
-	}
-
-	if n, err := c.release(ctx, &m.keys, holder, 0, lease, newRequestID(), ""); err != nil || n != 0 {
-		t.Fatalf("release = %d, %v; want 0", n, err)
+	holder, gaveUp, next := queueThree(t, c, m)
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 	info, err := c.Inspect(ctx, m.Name())
-	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != gaveUp {
-		t.Fatalf("after the release the lock is %+v (%v), want handed to %s", info, err, gaveUp)
+	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != gaveUp.owner {
+		t.Fatalf("after the release the lock is %+v (%v), want handed to %s", info, err, gaveUp.owner)
 	}
 
-	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), gaveUp}, ticket: string(gaveUp)})
+	c.leave(ctx, m, gaveUp)
 	info, err = c.Inspect(ctx, m.Name())
-	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != next || info.Holders[0].Count != 1 || len(info.Waiters) != 0 {
-		t.Fatalf("after the late waiter left the lock is %+v (%v), want handed on to %s with nobody queued", info, err, next)
+	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != next.owner || info.Holders[0].Count != 1 || len(info.Waiters) != 0 {
+		t.Fatalf("after the late waiter left the lock is %+v (%v), want handed on to %s with nobody queued", info, err, next.owner)
 	}
 }
 
-// Case 2: leave.lua must undo only a grant, never a hold the owner took by
-// itself. Here the owner holds the lock from a TryLock that never queued,
-// while a Lock of the same owner gives up waiting: the hold stays.
+// leave.lua must undo only a level given to the call that leaves, never a
+// hold the owner took by another call. Here the owner holds the lock from a
+// TryLock that never queued, while a Lock of the same owner gives up
+// waiting: the hold stays.
 func TestLeaveKeepsAHoldThatWasNotGranted(t *testing.T) {
 	ctx := context.Background()
 	c, err := New(redistest.Start(t).Client(t), Options{})
@@ -61,18 +80,18 @@ func TestLeaveKeepsAHoldThatWasNotGranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := c.NewOwner()
-	if res, err := c.tryAcquire(ctx, m, owner, 0, false, ""); err != nil || !res.acquired {
+	if res, err := c.tryAcquire(ctx, m, callFor(c, owner), false, 0); err != nil || !res.acquired {
 		t.Fatalf("acquire: acquired %v, %v", res.acquired, err)
 	}
-	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), owner}, ticket: "a Lock call of the owner"})
+	c.leave(ctx, m, callFor(c, owner))
 	info, err := c.Inspect(ctx, m.Name())
 	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != owner {
 		t.Fatalf("after a leave by an owner that held the lock by itself, the lock is %+v (%v), want still held", info, err)
 	}
 }
 
-// A leave sent twice (its reply lost) undoes the grant once: the second run
-// must not take the lock from the waiter it was passed on to.
+// A leave sent twice (its reply lost) undoes the hand-over once: the second
+// run must not take the lock from the waiter it was passed on to.
 func TestLeaveTwiceUndoesOneGrant(t *testing.T) {
 	ctx := context.Background()
 	c, err := New(redistest.Start(t).Client(t), Options{})
@@ -84,20 +103,14 @@ func TestLeaveTwiceUndoesOneGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, _ := m.leaseTerms()
-	holder, gaveUp, next := c.NewOwner(), c.NewOwner(), c.NewOwner()
-	for i, owner := range []Owner{holder, gaveUp, next} {
-		if res, err := c.tryAcquire(ctx, m, owner, c.opts.QueueTTL, false, string(owner)); err != nil || res.acquired != (i == 0) {
-			t.Fatalf("acquire by owner %d: acquired %v, %v", i, res.acquired, err)
-		}
+	holder, gaveUp, next := queueThree(t, c, m)
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
-	if n, err := c.release(ctx, &m.keys, holder, 0, lease, newRequestID(), ""); err != nil || n != 0 {
-		t.Fatalf("release = %d, %v; want 0", n, err)
-	}
-	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), gaveUp}, ticket: string(gaveUp)})
-	c.leaveQueue(ctx, m, &waiter{key: holdKey{m.Name(), gaveUp}, ticket: string(gaveUp)})
+	c.leave(ctx, m, gaveUp)
+	c.leave(ctx, m, gaveUp)
 	info, err := c.Inspect(ctx, m.Name())
-	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != next || info.Holders[0].Count != 1 {
-		t.Fatalf("after the late waiter left twice the lock is %+v (%v), want held once by %s", info, err, next)
+	if err != nil || len(info.Holders) != 1 || info.Holders[0].Owner != next.owner || info.Holders[0].Count != 1 {
+		t.Fatalf("after the late waiter left twice the lock is %+v (%v), want held once by %s", info, err, next.owner)
 	}
 }

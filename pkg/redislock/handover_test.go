@@ -27,19 +27,16 @@ func testHandOver(t *testing.T, b backend) {
 	// hand-over's notice.
 	opts := redislock.Options{RetryFallback: time.Minute}
 	holderClient := newClient(t, b.newRedis(t), opts)
-	waiterRedis := b.newRedis(t)
-	evals := &evalCounter{}
-	waiterRedis.AddHook(evals)
-	waiterClient := newClient(t, waiterRedis, opts)
+	waiterClient, evals := countedClient(t, b, opts)
 	name := lockName(t)
 	holder := newMutex(t, holderClient, name, nil)
 	waiter := newMutex(t, waiterClient, name, nil)
 	held := mustLock(t, ctx, holder)
 
 	got := lockInBackground(t, ctx, waiter)
-	// The waiter queues, subscribes, and tries once more now that it
-	// listens: two acquires, then it sleeps.
-	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 2 }, "the waiter to queue and listen")
+	// The waiter tries take.lua, queues with acquire.lua, subscribes, and
+	// tries once more now that it listens: three attempts, then it sleeps.
+	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 3 }, "the waiter to queue and listen")
 	mustUnlock(t, ctx, held)
 
 	var l *redislock.Hold
@@ -51,8 +48,8 @@ func testHandOver(t *testing.T, b backend) {
 	if l == nil {
 		return
 	}
-	if n := evals.count(); n != 2 {
-		t.Fatalf("the waiter sent %d acquires, want 2: the hand-over should need none", n)
+	if n := evals.count(); n != 3 {
+		t.Fatalf("the waiter sent %d acquires, want 3: the hand-over should need none", n)
 	}
 	if l.Token() <= held.Token() {
 		t.Fatalf("hand-over token %d is not above the previous %d", l.Token(), held.Token())
@@ -133,11 +130,11 @@ func testStaleHandOver(t *testing.T, b backend) {
 
 // testHandOverToDeadWaiter: a waiter whose process died without leaving the
 // queue (a crash) still gets the lock handed over, but only for the short
-// grant; the waiter behind it gets the lock after that.
+// grant, its own QueueTTL; the waiter behind it gets the lock after that.
 func testHandOverToDeadWaiter(t *testing.T, b backend) {
 	ctx := testContext(t)
-	const grant = 500 * time.Millisecond
-	holderClient := newClient(t, b.newRedis(t), redislock.Options{QueueTTL: grant, RetryFallback: grant / 2})
+	const grant = 2 * time.Second
+	holderClient := newClient(t, b.newRedis(t), redislock.Options{})
 	name := lockName(t)
 	held := mustLock(t, ctx, newMutex(t, holderClient, name, nil))
 
@@ -149,7 +146,7 @@ func testHandOverToDeadWaiter(t *testing.T, b backend) {
 	crash, evals := &crasher{}, &evalCounter{}
 	deadRedis.AddHook(crash)
 	deadRedis.AddHook(evals)
-	deadClient, err := redislock.New(deadRedis, redislock.Options{QueueTTL: time.Minute})
+	deadClient, err := redislock.New(deadRedis, redislock.Options{QueueTTL: grant})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,8 +157,9 @@ func testHandOverToDeadWaiter(t *testing.T, b backend) {
 		_, err := dead.Lock(ctx)
 		deadDone <- err
 	}()
-	// It queues, subscribes and tries once more: then it sleeps, waiting.
-	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 2 }, "the dead waiter to queue and listen")
+	// It tries take.lua, queues, subscribes and tries once more: then it
+	// sleeps, waiting.
+	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 && evals.count() == 3 }, "the dead waiter to queue and listen")
 	deadOwner := inspect(t, holderClient, name).Waiters[0]
 	crash.crash()
 	_ = deadClient.Close()
@@ -225,8 +223,9 @@ func testSameOwnerWaiting(t *testing.T, b backend) {
 	name := lockName(t)
 	held := mustLock(t, ctx, newMutex(t, c, name, nil))
 
-	m := newMutex(t, c, name, nil)
-	ownerCtx := redislock.WithOwner(ctx, c.NewOwner())
+	owner := c.NewOwner()
+	m := newMutex(t, c, name, &redislock.MutexOptions{Owner: owner})
+	ownerCtx := ctx
 	var wg sync.WaitGroup
 	holds := make([]*redislock.Hold, 2)
 	for i := range holds {
@@ -250,7 +249,6 @@ func testSameOwnerWaiting(t *testing.T, b backend) {
 	if holds[0].Token() == 0 || holds[0].Token() != holds[1].Token() {
 		t.Fatalf("the two calls got tokens %d and %d, want one token", holds[0].Token(), holds[1].Token())
 	}
-	owner, _ := redislock.OwnerFromContext(ownerCtx)
 	if info := inspect(t, c, name); len(info.Holders) != 1 || info.Holders[0].Owner != owner || info.Holders[0].Count != 2 {
 		t.Fatalf("the lock is %+v, want held twice by %s", info, owner)
 	}
@@ -291,14 +289,22 @@ func wantStillHolding(t *testing.T, c *redislock.Client, l *redislock.Hold, minT
 	}
 }
 
-// evalCounter is a go-redis hook that counts EVALSHA and EVAL calls.
+// countedClient returns a Client whose lock script calls are counted.
+func countedClient(t *testing.T, b backend, opts redislock.Options) (*redislock.Client, *evalCounter) {
+	rdb := b.newRedis(t)
+	evals := &evalCounter{}
+	rdb.AddHook(evals)
+	return newClient(t, rdb, opts), evals
+}
+
+// evalCounter is a go-redis hook that counts the lock scripts' calls.
 type evalCounter struct{ n atomic.Int64 }
 
 func (e *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (e *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if kind, _ := redislock.ScriptCall(cmd.Args()); kind != "" {
 			e.n.Add(1)
 		}
 		return next(ctx, cmd)

@@ -211,35 +211,18 @@ func (r *replyLoser) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return next
 }
 
-// scriptArg returns ARGV[i] (from 1) of a script call's arguments: evalsha
-// or eval, the SHA or script, the key count, KEYS..., ARGV...
-func scriptArg(args []any, i int) (any, bool) {
-	if len(args) < 3 {
-		return nil, false
-	}
-	numKeys, ok := args[2].(int)
-	if !ok || len(args) < 3+numKeys+i {
-		return nil, false
-	}
-	return args[2+numKeys+i], true
-}
-
-// acquireOf matches the acquire script calls of owner (ARGV[2], after the
-// lease), and releaseOf its release calls (ARGV[1], before the lease).
+// acquireOf matches the acquire script calls of owner, and releaseOf its
+// release calls.
 func acquireOf(owner redislock.Owner) func(args []any) bool {
 	return func(args []any) bool {
-		lease, ok1 := scriptArg(args, 1)
-		o, ok2 := scriptArg(args, 2)
-		_, isLease := lease.(int64)
-		return ok1 && ok2 && isLease && o == string(owner)
+		kind, o := redislock.ScriptCall(args)
+		return kind == "acquire" && o == string(owner)
 	}
 }
 
 func releaseOf(owner redislock.Owner) func(args []any) bool {
 	return func(args []any) bool {
-		o, ok1 := scriptArg(args, 1)
-		lease, ok2 := scriptArg(args, 2)
-		_, isLease := lease.(int64)
-		return ok1 && ok2 && isLease && o == string(owner)
+		kind, o := redislock.ScriptCall(args)
+		return kind == "release" && o == string(owner)
 	}
 }

@@ -2,9 +2,12 @@ package redislock
 
 import (
 	"context"
-	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Hold is one Lock's hold on a lock: the handle that Lock returns and whose
@@ -12,23 +15,25 @@ import (
 // the holds of one owner share the ownership: its fencing token and its
 // Context.
 type Hold struct {
-	own *ownership
+	own       *ownership
+	ticket    string
+	ticketArg any
+	// late is set when a request of the Hold's Lock may still arrive late:
+	// its Unlock then has Redis remember the call as finished.
+	late bool
 
 	mu       sync.Mutex
 	unlocked bool
-	// request is the release in flight: an Unlock that failed for want of
-	// Redis is retried with the same request, so it cannot undo two levels,
-	// for as long as Redis keeps the request's result (requestSent is when
-	// it was first sent).
-	request     string
-	requestSent time.Time
+	// failed is set while an Unlock of the Hold has failed for want of
+	// Redis: its level is given up in the client, and sent again by a
+	// retry, or by the ownership's last Unlock (see ownership.pending).
+	failed bool
 }
 
 // Name returns the lock name.
 func (h *Hold) Name() string { return h.own.key.name }
 
-// Owner returns the owner the hold belongs to. Pass it to WithOwner to
-// re-enter the lock.
+// Owner returns the owner the hold belongs to.
 func (h *Hold) Owner() Owner { return h.own.key.owner }
 
 // Token returns the fencing token of the ownership: strictly greater than
@@ -61,100 +66,184 @@ func (h *Hold) Err() error { return h.own.err() }
 // this Hold was already unlocked, and ErrNotOwner if another owner, or a
 // newer ownership of the same owner, holds the lock; it changes nothing in
 // Redis in those cases. If Redis cannot be reached it returns
-// ErrUnavailable. An Unlock that is not the last keeps its level then, under
-// the watchdog: call Unlock again, and it resends the same request, which
-// Redis applies at most once, if called again within the time Redis keeps
-// the request's result (see Options.QueueTTL and request.go; 49 s with
-// go-redis's defaults); later, the level is given up without a resend. The
+// ErrUnavailable: the Hold's level is given up in the client, and Unlock may
+// be called again to send the same request, which Redis applies at most
+// once, however late; the ownership's last Unlock sends it again too. The
 // last Unlock ends the ownership whatever the outcome: renewal stops, and if
 // Redis still has the lock, its lease runs out.
+//
+// A reply lost on the way is resolved by sending the request again. If the
+// resend finds the lock free before the lease could have run out, the first
+// send freed it, and Unlock reports success.
 func (h *Hold) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.unlocked {
-		return ErrNotHeld
-	}
 	o := h.own
 	c := o.c
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
-	switch {
-	case h.request == "":
-		h.request, h.requestSent = newRequestID(), time.Now()
-	case time.Since(h.requestSent) > c.latchTTL-c.resolveWindow:
-		// Redis may have forgotten what the first attempt did: sent again,
-		// it could undo a second level. So the level is given up here.
-		h.unlocked = true
-		c.giveUpLevel(o)
-		return fmt.Errorf("%w: this Unlock's first attempt is too old to learn what it did; its level is given up, and runs out with the lease if Redis kept it", ErrUnavailable)
+	if h.unlocked {
+		return ErrNotHeld
 	}
 
-	// Shared with other Unlocks, exclusive with a renewal batch: a renewal
-	// in flight completes before the release, and none starts during it.
-	c.renewing.RLock()
-	defer c.renewing.RUnlock()
-
 	c.mu.Lock()
-	replaced := c.held[o.key] != nil && c.held[o.key] != o
-	last, ticket, lease := o.levels <= 1, o.ticket, o.lease
-	c.mu.Unlock()
-	if replaced {
+	if current := c.held[o.key]; current != nil && current != o {
 		// A newer ownership of the same owner holds the lock (it was
 		// force-released and taken again): this Hold must not undo it.
-		// Redis would refuse too, by the token, unless the counter expired.
+		// Redis would refuse too, by the token.
+		c.mu.Unlock()
 		h.unlocked = true
 		return ErrNotOwner
 	}
-
-	sent := time.Now()
-	remaining, err := c.release(ctx, o.keys, o.key.owner, o.token, lease, h.request, ticket)
-	if err != nil {
-		if !last {
-			return err
-		}
-		h.unlocked = true
-		c.end(o, ErrReleased)
-		return err
+	retry := h.failed
+	last := !retry && o.levels <= 1
+	var pending []*Hold
+	if last {
+		pending = o.pending
+		o.pending = nil
 	}
-	h.unlocked = true
+	remember := emptyArg
 	switch {
-	case remaining > 0:
-		c.mu.Lock()
+	case last && len(o.late) > 0:
+		remember = strings.Join(o.late, " ")
+	case h.late:
+		remember = h.ticket
+	}
+	o.releasing++
+	c.mu.Unlock()
+
+	// Holds whose Unlock failed go first: they are given up in the client
+	// already, and the last Unlock must leave none of their levels behind.
+	for _, p := range pending {
+		if _, err := c.release(ctx, o, p.ticketArg, emptyArg); err == nil {
+			p.markUnlocked()
+		}
+	}
+	var remaining int64
+	var err error
+	freed := false
+	if last && o.taken && remember == emptyArg && h.ticket == string(o.key.owner) && !c.waits.listening(o.key.name) {
+		freed, err = c.unlock(ctx, o, h)
+	}
+	if !freed && err == nil {
+		remaining, err = c.release(ctx, o, h.ticketArg, remember)
+	}
+	now := time.Now()
+
+	c.mu.Lock()
+	o.releasing--
+	switch {
+	case err != nil && !retry:
+		// Given up in the client: renewal goes on for the levels left, and
+		// the last Unlock sends this one again.
+		h.failed = true
 		o.levels--
+		o.dropHold(h)
 		last = o.levels == 0
 		if !last {
-			c.extendLocked(o, sent, lease)
+			o.pending = append(o.pending, h)
 		}
 		c.mu.Unlock()
 		if last {
-			// Redis counts levels this client did not take: another
-			// client acts for the same owner (WithOwner), and renews them.
 			c.end(o, ErrReleased)
 		}
-		return nil
-	case remaining == 0:
-		c.end(o, ErrReleased)
-		return nil
-	case remaining == -2:
-		c.end(o, ErrNotOwner)
-		return ErrNotOwner
+		return err
+	case err != nil:
+		c.mu.Unlock()
+		return err
+	}
+	h.unlocked = true
+	overdue := !now.Before(o.deadline)
+	result, cause := released(remaining, overdue)
+	if retry {
+		h.failed = false
+		o.dropPending(h)
+		c.mu.Unlock()
+		return result
+	}
+	o.levels--
+	o.dropHold(h)
+	last = o.levels == 0
+	c.mu.Unlock()
+	if last || remaining <= 0 {
+		// Redis may count levels this client did not take: another client
+		// acts for the same owner, and renews them.
+		c.end(o, cause)
+	}
+	return result
+}
+
+// released maps a release's answer (see release.lua) to Unlock's result,
+// and to why the ownership ends if that was its last level here. overdue
+// tells whether the lease may have run out by the time the answer came.
+func released(remaining int64, overdue bool) (result, cause error) {
+	switch {
+	case remaining >= 0:
+		return nil, ErrReleased
+	case remaining == -1 && !overdue:
+		// Free before the lease could have run out: a first send of this
+		// request, whose reply was lost, freed it.
+		return nil, ErrReleased
+	case remaining == -1:
+		return ErrNotHeld, ErrLeaseLost
 	default:
-		c.end(o, ErrLeaseLost)
-		return ErrNotHeld
+		return ErrNotOwner, ErrNotOwner
 	}
 }
 
-// giveUpLevel forgets one level of o without telling Redis. The last one
-// ends o, so renewal stops and whatever Redis still holds runs out.
-func (c *Client) giveUpLevel(o *ownership) {
-	c.mu.Lock()
-	o.levels--
-	last := o.levels <= 0
-	c.mu.Unlock()
-	if last {
-		c.end(o, ErrReleased)
+// markUnlocked records that a failed Unlock's level was undone by another.
+func (h *Hold) markUnlocked() {
+	h.mu.Lock()
+	h.unlocked, h.failed = true, false
+	h.mu.Unlock()
+}
+
+// Refresh extends the ownership's lease now: to its full length from now,
+// as the watchdog's renewal does, for a fixed lease too. It returns why the
+// ownership ended if it has (see Context), or ErrNotOwner, and ends the
+// ownership, if it no longer holds the lock; ErrUnavailable if Redis cannot
+// be reached.
+func (h *Hold) Refresh(ctx context.Context) error {
+	o := h.own
+	if err := o.err(); err != nil {
+		return err
 	}
+	sent := time.Now()
+	renewed, err := o.c.renew(ctx, o)
+	if err != nil {
+		return failure(ctx, err)
+	}
+	if !renewed {
+		o.c.end(o, ErrNotOwner)
+		return ErrNotOwner
+	}
+	o.c.extend(o, sent, o.lease)
+	return nil
+}
+
+// TTL returns the ownership's remaining lease as Redis has it: -1 if it has
+// no expiry. It returns why the ownership ended if it has (see Context), or
+// ErrNotOwner, and ends the ownership, if it no longer holds the lock;
+// ErrUnavailable if Redis cannot be reached.
+func (h *Hold) TTL(ctx context.Context) (time.Duration, error) {
+	o := h.own
+	if err := o.err(); err != nil {
+		return 0, err
+	}
+	args := scriptArgs(ttlScript, o.keys.nameArgs, 2)
+	args = append(args, o.ownerArg, o.tokenArg)
+	ms, err := run(ctx, o.c.rdb, ttlScript, args).Int64()
+	switch {
+	case err != nil:
+		return 0, failure(ctx, err)
+	case ms == -2:
+		o.c.end(o, ErrNotOwner)
+		return 0, ErrNotOwner
+	case ms < 0:
+		return -1, nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // ownership is one owner's hold on a lock in one client, from the Lock that
@@ -168,15 +257,28 @@ type ownership struct {
 	acquired time.Time
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
+	// Boxed once for the argument lists: the owner ID, the ownership's
+	// '~t' (see scripts/lib.lua) and its lease in ms.
+	ownerArg, tokenArg, leaseArg any
+	lease                        time.Duration
+	watchdog                     bool
+	// taken is set when take.lua took the lock: nobody waited then.
+	taken bool
 
 	// Guarded by Client.mu.
-	levels   int // Holds not yet unlocked
-	lease    time.Duration
-	watchdog bool
-	// ticket is that of the Lock call the ownership began with, if it
-	// waited: a grant to it still recorded (see scripts/lib.lua) is cleared
-	// by the release.
-	ticket      string
+	levels int // Holds not yet unlocked, nor given up
+	// first and more are the Holds not yet unlocked, nor given up; pending
+	// are Holds whose Unlock failed: their levels may still be in Redis,
+	// and the last Unlock releases them first, as Close does with all.
+	first   *Hold
+	more    []*Hold
+	pending []*Hold
+	// late are the tickets of the ownership's calls whose requests may
+	// still arrive late: the release that frees the lock remembers them.
+	late []string
+	// releasing counts releases in flight: a renewal that finds the lock
+	// gone then is no loss.
+	releasing   int
 	deadline    time.Time // local monotonic deadline of the ownership
 	deadlineSet time.Time // send time of the call that set deadline
 	// confirmBy, if set, is when a lease shortened by its hand-over gets
@@ -185,6 +287,35 @@ type ownership struct {
 	confirmBy  time.Time
 	confirming bool
 	timer      *time.Timer
+}
+
+func (o *ownership) dropPending(h *Hold) { o.pending = without(o.pending, h) }
+
+// addHold and dropHold keep the ownership's Holds not yet unlocked; the
+// first needs no slice.
+func (o *ownership) addHold(h *Hold) {
+	if o.first == nil {
+		o.first = h
+		return
+	}
+	o.more = append(o.more, h)
+}
+
+func (o *ownership) dropHold(h *Hold) {
+	if o.first == h {
+		o.first = nil
+		return
+	}
+	o.more = without(o.more, h)
+}
+
+func without(holds []*Hold, h *Hold) []*Hold {
+	for i, p := range holds {
+		if p == h {
+			return append(holds[:i], holds[i+1:]...)
+		}
+	}
+	return holds
 }
 
 func (o *ownership) err() error {
@@ -210,64 +341,156 @@ type holdKey struct {
 // hold records a successful acquisition, arms its deadline, and returns a
 // new Hold for it. A re-entry joins the ownership already held; one that was
 // lost is replaced.
-func (c *Client) hold(m *Mutex, owner Owner, res acquireResult, start time.Time) *Hold {
-	lease, watchdog := m.leaseTerms()
-	key := holdKey{m.keys.name, owner}
+func (c *Client) hold(m *Mutex, call *lockCall, res acquireResult, start time.Time) *Hold {
+	key := holdKey{m.keys.name, call.owner}
 	c.opts.Metrics.observeWait(time.Since(start))
 
 	c.mu.Lock()
 	o := c.held[key]
 	var lapsed *ownership
-	if o != nil && res.token != 0 && o.token != res.token {
+	if o != nil && o.token != res.token {
 		// A new token: the old ownership ended (say, force-released) before
 		// this client noticed, and this is a new one, not a re-entry.
 		lapsed, o = o, nil
 		delete(c.held, key)
 	}
 	if o == nil {
-		o = &ownership{c: c, key: key, keys: &m.keys, token: res.token, acquired: res.sent, ticket: res.ticket}
+		o = &ownership{c: c, key: key, keys: &m.keys, token: res.token, acquired: res.sent,
+			ownerArg: call.ownerArg, tokenArg: strconv.FormatInt(res.token, 10) + " " + m.termsText,
+			leaseArg: m.leaseArg, lease: m.terms, watchdog: m.watchdog}
 		o.ctx, o.cancel = context.WithCancelCause(context.Background())
 		o.timer = time.AfterFunc(time.Hour, func() { c.checkDeadline(o) })
 		c.held[key] = o
 	}
 	o.levels++
-	o.lease, o.watchdog = lease, watchdog
-	granted := lease
-	if res.handover > 0 && res.handover < lease {
+	o.taken = o.taken || res.taken
+	if call.late {
+		o.late = append(o.late, call.ticket)
+	}
+	granted := m.terms
+	if res.handover > 0 && res.handover < m.terms {
 		granted = res.handover
 	}
 	c.extendLocked(o, res.sent, granted)
+	h := &Hold{own: o, ticket: call.ticket, ticketArg: call.ticketArg, late: call.late}
+	o.addHold(h)
 	c.mu.Unlock()
 	if lapsed != nil {
 		c.finish(lapsed, ErrNotOwner)
 	}
-	return &Hold{own: o}
+	return h
 }
 
 // stillHeld returns h, once Lock has its answer. Its deadline counts from
 // the first send of the acquire request, the earliest the lease can have
 // started; if the reply was slow, or lost and the request resent, that
 // deadline may have passed although Redis still has the lock. Then one
-// renewal tells: it extends the lease only if the owner still holds the lock,
-// and the hold counts from its send. Otherwise Lock returns ErrLeaseLost: the
-// process was paused, or the network slowed, past the lease.
+// renewal tells: it extends the lease only if the ownership still holds the
+// lock, and the hold counts from its send. Otherwise Lock returns
+// ErrLeaseLost: the process was paused, or the network slowed, past the
+// lease.
 func (c *Client) stillHeld(ctx context.Context, h *Hold) (*Hold, error) {
 	o := h.own
 	c.mu.Lock()
 	overdue := c.held[o.key] == o && !time.Now().Before(o.deadline)
-	lease := o.lease
 	c.mu.Unlock()
 	if overdue && ctx.Err() == nil {
 		sent := time.Now()
-		renewed, err := renewScript.Run(ctx, c.rdb, []string{o.key.name}, lease.Milliseconds(), string(o.key.owner)).Int()
-		if err == nil && renewed == 1 {
-			c.extend(o, sent, lease)
+		if renewed, err := c.renew(ctx, o); err == nil && renewed {
+			c.extend(o, sent, o.lease)
 		}
 	}
 	if err := h.Err(); err != nil {
 		return nil, err
 	}
 	return h, nil
+}
+
+// unlock runs unlock.lua, the last Unlock of an uncontended ownership of an
+// owner of its own, for a Hold whose call was that owner's: it frees the
+// lock if nobody is queued and nothing else holds a level, and otherwise
+// changes nothing and reports it, for release.lua to decide. It is tried
+// only where it likely succeeds: the client took the lock with take.lua,
+// and does not listen on the lock for waiters of its own.
+func (c *Client) unlock(ctx context.Context, o *ownership, h *Hold) (freed bool, err error) {
+	s := c.scripts.unlock
+	args := scriptArgs(s, o.keys.unlockArgs, 2)
+	args = append(args, o.ownerArg, o.tokenArg)
+	n, err := run(ctx, c.rdb, s, args).Int64()
+	if outcomeUnknown(err) {
+		n, _, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) { return run(ctx, c.rdb, s, args).Int64() })
+	}
+	return err == nil && n == 0, failure(ctx, err)
+}
+
+// releaseAll releases every level the client's own Locks hold, in one
+// pipelined round trip bounded by RetryFallback, and ends the ownerships
+// with ErrClosed: Close's last step.
+func (c *Client) releaseAll() {
+	type release struct {
+		o    *ownership
+		hold *Hold
+	}
+	var all []release
+	var owned []*ownership
+	c.mu.Lock()
+	for _, o := range c.held {
+		owned = append(owned, o)
+		for _, h := range append(append([]*Hold{o.first}, o.more...), o.pending...) {
+			if h != nil {
+				all = append(all, release{o, h})
+			}
+		}
+	}
+	c.mu.Unlock()
+	if len(all) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.RetryFallback)
+		send := func(todo []release, eval bool) []release {
+			pipe := c.rdb.Pipeline()
+			cmds := make([]*redis.Cmd, len(todo))
+			for i, r := range todo {
+				args := scriptArgs(c.scripts.release, r.o.keys.keyArgs, 6)
+				args = append(args, r.o.ownerArg, r.hold.ticketArg, r.o.tokenArg, emptyArg, c.rememberArg, time.Now().UnixMicro())
+				if eval {
+					args[0], args[1] = "eval", c.scripts.release.body
+				}
+				cmds[i] = pipe.Do(ctx, args...)
+			}
+			_, _ = pipe.Exec(ctx)
+			var again []release
+			for i, cmd := range cmds {
+				if isNoScript(cmd.Err()) {
+					again = append(again, todo[i])
+				}
+			}
+			return again
+		}
+		if again := send(all, false); len(again) > 0 {
+			send(again, true)
+		}
+		cancel()
+	}
+	for _, r := range all {
+		r.hold.markUnlocked()
+	}
+	for _, o := range owned {
+		c.end(o, ErrClosed)
+	}
+}
+
+// release runs the release script for the Hold with the ticket given (see
+// release.lua); remember names the calls to remember as finished. A lost
+// reply is resolved by sending the same request again.
+func (c *Client) release(ctx context.Context, o *ownership, ticketArg, remember any) (int64, error) {
+	args := scriptArgs(c.scripts.release, o.keys.keyArgs, 6)
+	args = append(args, o.ownerArg, ticketArg, o.tokenArg, remember, c.rememberArg, time.Now().UnixMicro())
+	n, err := run(ctx, c.rdb, c.scripts.release, args).Int64()
+	if outcomeUnknown(err) {
+		n, _, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) {
+			return run(ctx, c.rdb, c.scripts.release, args).Int64()
+		})
+	}
+	return n, failure(ctx, err)
 }
 
 // end forgets o and ends its context with cause, if o is still held, after

@@ -8,17 +8,16 @@ import (
 // MaxNameLength is the longest lock name accepted, in bytes.
 const MaxNameLength = 1024
 
-// Key prefixes of Redisson's layout, plus lockwarden's wait queue and request
-// latches. Every key but the lock hash itself carries the name's hash tag
-// (see hashTag), so all keys of one lock live in the same Redis Cluster slot
-// as the hash <name>.
+// Key prefixes of Redisson's layout, plus lockwarden's wait queue and its
+// record of finished calls. Every key but the lock hash itself carries the
+// name's hash tag (see hashTag), so all keys of one lock live in the same
+// Redis Cluster slot as the hash <name>.
 const (
 	channelPrefix    = "redisson_lock__channel:"
 	tokenPrefix      = "redisson_lock_token:"
 	queuePrefix      = "lockwarden_lock_queue:"
 	queueEntryPrefix = "lockwarden_lock_queue_entry:"
-	// requestPrefix + tag + ":" + request ID latches a request's result.
-	requestPrefix = "lockwarden_lock_request:"
+	donePrefix       = "lockwarden_lock_done:"
 	// noticePrefix + tag + ":" + client ID is the channel on which a
 	// client's waiters for the lock learn that it was handed to them, or
 	// that they head its queue.
@@ -27,8 +26,8 @@ const (
 	releaseMessage = "0"
 )
 
-// lockKeys are the Redis keys of one lock, and the KEYS list of its
-// scripts, built once per Mutex rather than on every call.
+// lockKeys are the Redis keys of one lock, built once per Mutex rather than
+// on every call.
 type lockKeys struct {
 	name, channel string
 	tag           string // the hash tag the lock's other keys carry
@@ -37,17 +36,18 @@ type lockKeys struct {
 	noticePrefix string
 	// members is the channel every lockwarden client waiting for the lock
 	// listens on, and nobody publishes on: its count of listeners tells
-	// them apart from other clients on the release channel (see
-	// outsiders_wait in scripts/lib.lua).
+	// them apart from other clients on the release channel (see outsiders
+	// in scripts/lib.lua).
 	members string
-	// all is the KEYS list of every script but renew.lua, in the order
-	// scripts/lib.lua gives; acquire and release add a request latch.
+	// all is the KEYS list of every script but renew.lua and ttl.lua, in
+	// the order scripts/lib.lua gives.
 	all []string
-}
-
-// withLatch returns the KEYS list of an acquire or release request.
-func (k *lockKeys) withLatch(request string) []string {
-	return append(k.all[:len(k.all):len(k.all)], requestPrefix+k.tag+":"+request)
+	// keyArgs is the key count and all, boxed once for scriptArgs; nameArgs,
+	// takeArgs and unlockArgs the same for the scripts that take the lock
+	// hash only, take.lua's keys, and unlock.lua's.
+	keyArgs, nameArgs, takeArgs, unlockArgs []any
+	// nameArg is the lock name, boxed once.
+	nameArg any
 }
 
 // hashTag is what the keys of the lock name carry so that they share its
@@ -66,21 +66,35 @@ func channelFor(name string) string { return channelPrefix + hashTag(name) }
 
 func keysFor(name string) lockKeys {
 	tag := hashTag(name)
-	channel := channelFor(name)
-	return lockKeys{
+	k := lockKeys{
 		name:         name,
-		channel:      channel,
+		channel:      channelFor(name),
 		tag:          tag,
 		noticePrefix: noticePrefix + tag + ":",
 		members:      noticePrefix + tag,
-		all: []string{name, channel, tokenPrefix + tag,
-			queuePrefix + tag, queueEntryPrefix + tag},
 	}
+	k.all = []string{name, k.channel, tokenPrefix + tag, queuePrefix + tag, queueEntryPrefix + tag, donePrefix + tag}
+	// The key count as a string: go-redis reads it to route a Cluster
+	// command, and would format a number.
+	k.keyArgs = make([]any, 1+len(k.all))
+	k.keyArgs[0] = "6"
+	for i, key := range k.all {
+		k.keyArgs[1+i] = key
+	}
+	// The other lists share keyArgs' boxed keys.
+	k.nameArg = k.keyArgs[1]
+	k.nameArgs = []any{"1", k.nameArg}
+	k.takeArgs = []any{"4", k.nameArg, k.keyArgs[3], k.keyArgs[4], k.keyArgs[6]}
+	k.unlockArgs = []any{"2", k.nameArg, k.keyArgs[2]}
+	return k
 }
 
 // validateName rejects names that cannot be locked safely. A name with braces
 // must hold a Redis Cluster hash tag (a '{' with a later '}' and something
 // between), so that its keys, built by hashTag, land in the name's own slot.
+// A name that is a hash tag and nothing else ("{orders}") is refused: its
+// keys would be those of the name inside it ("orders"), as Redisson builds
+// them, so the two locks would share their counter, queue and channels.
 func validateName(name string) error {
 	switch {
 	case name == "":
@@ -91,8 +105,17 @@ func validateName(name string) error {
 		return fmt.Errorf("%w: %q contains whitespace", ErrInvalidName, name)
 	case strings.ContainsAny(name, "{}") && !hasHashTag(name):
 		return fmt.Errorf("%w: %q has braces but no Redis Cluster hash tag: use a non-empty tag such as {tenant}:orders, or no braces", ErrInvalidName, name)
+	case aliases(name):
+		return fmt.Errorf("%w: %q is a hash tag alone, so its keys would be those of the lock %q: add to it, as in %s:lock, or drop the braces",
+			ErrInvalidName, name, name[1:len(name)-1], name)
 	}
 	return nil
+}
+
+// aliases reports whether name's keys are another name's: "{x}" shares
+// every key but the hash with "x", whose tag it is.
+func aliases(name string) bool {
+	return strings.HasPrefix(name, "{") && strings.HasSuffix(name, "}") && !strings.ContainsAny(name[1:len(name)-1], "{}")
 }
 
 // hasHashTag reports whether Redis Cluster hashes key by a tag within it:

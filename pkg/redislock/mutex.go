@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,29 +17,40 @@ const MinLease = 10 * time.Millisecond
 // MutexOptions configure a Mutex. The zero value is ready to use.
 type MutexOptions struct {
 	// Lease, if above 0, is a fixed lease: the lock expires that long after
-	// each Lock unless unlocked first, and no watchdog renews it. It must be
-	// a whole number of milliseconds, at least MinLease. Default: 0, a
-	// watchdog lease (Options.WatchdogLease) renewed until Unlock.
+	// each Lock unless unlocked first (or extended with Hold.Refresh), and
+	// no watchdog renews it. It must be a whole number of milliseconds, at
+	// least MinLease. Default: 0, a watchdog lease (Options.WatchdogLease)
+	// renewed until Unlock. A Lock that would re-enter an ownership held
+	// under other terms fails with ErrLeaseMismatch.
 	Lease time.Duration
 	// Owner, if set, is who every Lock of the Mutex acts for, unless the
-	// context carries an owner (WithOwner): such Locks re-enter each other
-	// rather than exclude each other. It is meant for a controller that
-	// holds locks on behalf of others, under owner IDs they can be
-	// recognised by. Default: none, so every Lock acts for a new owner, and
-	// the Mutex excludes goroutines as sync.Mutex does.
+	// context carries a hold of the lock (WithHold): such Locks re-enter
+	// each other rather than exclude each other, in one Client or across
+	// Clients, provided their lease terms are the same. It is meant for a
+	// controller that holds locks on behalf of others, under owner IDs they
+	// can be recognised by. Default: none, so every Lock acts for a new
+	// owner, and the Mutex excludes goroutines as sync.Mutex does.
 	Owner Owner
 }
 
 // Mutex is a lock on one name. Every Lock takes the lock for a new owner,
 // so goroutines that share a Mutex exclude each other, as with sync.Mutex.
-// Re-entry is explicit: a Lock whose context carries the owner of a Hold
-// (WithOwner(ctx, hold.Owner())) re-enters that ownership. A Mutex is safe
-// for concurrent use.
+// Re-entry is explicit: a Lock whose context carries a Hold of the lock
+// (WithHold(ctx, hold)) re-enters that ownership. A Mutex is safe for
+// concurrent use.
 type Mutex struct {
 	c     *Client
 	keys  lockKeys
-	lease time.Duration // 0: watchdog
+	lease time.Duration // as requested: 0 for the watchdog
 	owner Owner         // MutexOptions.Owner
+
+	terms    time.Duration // the lease the lock is taken with
+	watchdog bool
+	// termsText is the lease terms as '~t' in scripts/lib.lua has them;
+	// termsArg and leaseArg the terms and the lease in ms, boxed once for
+	// the argument lists.
+	termsText          string
+	termsArg, leaseArg any
 }
 
 // NewMutex returns a Mutex for the lock name. opts may be nil. The name and
@@ -61,6 +73,15 @@ func (c *Client) NewMutex(name string, opts *MutexOptions) (*Mutex, error) {
 		}
 		m.lease, m.owner = opts.Lease, opts.Owner
 	}
+	m.terms, m.watchdog = m.lease, false
+	if m.lease == 0 {
+		m.terms, m.watchdog = c.opts.WatchdogLease, true
+	}
+	terms := strconv.FormatInt(m.terms.Milliseconds(), 10)
+	if m.watchdog {
+		terms += "w"
+	}
+	m.termsText, m.termsArg, m.leaseArg = terms, terms, m.terms.Milliseconds()
 	return m, nil
 }
 
@@ -78,40 +99,53 @@ func validateLease(what string, lease time.Duration) error {
 // Name returns the lock name.
 func (m *Mutex) Name() string { return m.keys.name }
 
-// ownerFor returns who a Lock acts for: the context's owner, the Mutex's
-// fixed owner, or else a new one.
-func (m *Mutex) ownerFor(ctx context.Context) (Owner, error) {
-	if o, ok := OwnerFromContext(ctx); ok {
-		return o, o.Validate()
-	}
-	if m.owner != "" {
-		return m.owner, nil
-	}
-	return m.c.NewOwner(), nil
+// lockCall is one Lock call: the owner it acts for, and its ticket, which
+// every request of the call carries (see scripts/lib.lua). A call for an
+// owner of its own uses the owner ID as its ticket.
+type lockCall struct {
+	owner     Owner
+	ownerArg  any // string(owner), boxed once
+	ticket    string
+	ticketArg any
+	// late is set once a request of the call may still arrive late (see
+	// request.go).
+	late bool
 }
 
-// leaseTerms returns the lease to request and whether the watchdog keeps it.
-func (m *Mutex) leaseTerms() (time.Duration, bool) {
-	if m.lease > 0 {
-		return m.lease, false
+// newCall returns the call a Lock makes: for the owner of the hold of the
+// lock that ctx carries, the Mutex's fixed owner, or else a new one.
+func (m *Mutex) newCall(ctx context.Context) lockCall {
+	owner, ok := heldOwner(ctx, m.keys.name)
+	if !ok && m.owner != "" {
+		owner, ok = m.owner, true
 	}
-	return m.c.opts.WatchdogLease, true
+	if ok {
+		ticket := m.c.newTicket()
+		return lockCall{owner: owner, ownerArg: string(owner), ticket: ticket, ticketArg: ticket}
+	}
+	owner = m.c.NewOwner()
+	arg := any(string(owner))
+	return lockCall{owner: owner, ownerArg: arg, ticket: string(owner), ticketArg: arg}
 }
 
 // Lock blocks until it holds the lock, or ctx ends (it then returns ctx's
-// error), and returns the Hold whose Unlock undoes it. If ctx carries an
-// owner that holds the lock, Lock re-enters at once, with the same fencing
-// token. If Redis cannot be reached on the first attempt, Lock returns
+// error), and returns the Hold whose Unlock undoes it. If ctx carries a hold
+// of the lock (WithHold), Lock re-enters it at once, with the same fencing
+// token, or fails with ErrLeaseMismatch if the Mutex's lease terms are not
+// the hold's. If Redis cannot be reached on the first attempt, Lock returns
 // ErrUnavailable; once waiting, it rides out Redis errors (a failover, a
 // dropped connection) and retries. If the lease ran out before Redis's
-// answer came back (the process was paused, or the network slowed, past the
-// lease), Lock returns ErrLeaseLost.
+// answer came back (the process was paused, or the network slowed, past
+// the lease), Lock returns ErrLeaseLost.
 func (m *Mutex) Lock(ctx context.Context) (*Hold, error) {
 	return m.lock(ctx, -1)
 }
 
 // TryLock is Lock with a wait bound: it returns ErrWaitTimeout if the lock
-// is not held within wait. A wait of 0 makes a single attempt.
+// is not held within wait. A wait of 0 makes a single attempt, which takes
+// the lock if it is free, even if other Locks wait for it (as Redisson's
+// tryLock does: the waiters keep their places and get the lock after), and
+// otherwise returns ErrWaitTimeout at once.
 func (m *Mutex) TryLock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	if wait < 0 {
 		return nil, fmt.Errorf("redislock: TryLock wait %v is negative", wait)
@@ -125,52 +159,84 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 		return nil, err
 	}
 	defer c.endCall()
-	owner, err := m.ownerFor(ctx)
-	if err != nil {
-		return nil, err
-	}
+	call := m.newCall(ctx)
 	start := time.Now()
 	if wait == 0 {
 		// A single attempt, which neither queues nor waits.
-		res, err := c.tryAcquire(ctx, m, owner, 0, false, "")
+		res, err := c.take(ctx, m, &call)
+		if err == nil && !res.acquired {
+			res, err = c.tryAcquire(ctx, m, &call, false, 0)
+		}
 		if err != nil {
 			return nil, err
 		}
 		if !res.acquired {
 			return nil, ErrWaitTimeout
 		}
-		return c.stillHeld(ctx, c.hold(m, owner, res, start))
+		return c.stillHeld(ctx, c.hold(m, &call, res, start))
 	}
 
-	var bound <-chan time.Time
+	var (
+		res    acquireResult
+		err    error
+		queued bool
+		bound  <-chan time.Time
+	)
+	if fresh := call.ticket == string(call.owner); fresh && !c.waits.listening(m.keys.name) {
+		// The call's owner is its own, so no other call of it can be
+		// waiting, and the client does not listen on the lock, so the call
+		// could not hear anything yet: the first attempt goes ahead
+		// without a waiter, which only a call that must wait needs, and
+		// takes a free lock with take.lua. One that queues subscribes, and
+		// tries again once it listens.
+		if res, err = c.take(ctx, m, &call); err != nil {
+			return nil, err
+		}
+		if !res.acquired {
+			if res, err = c.tryAcquire(ctx, m, &call, true, 0); err != nil {
+				return nil, err
+			}
+		}
+		if res.acquired {
+			return c.stillHeld(ctx, c.hold(m, &call, res, start))
+		}
+		queued = true
+	}
 	if wait > 0 {
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		bound = t.C
 	}
-	w, err := c.waits.enter(ctx, &m.keys, owner, bound)
+	w, err := c.waits.enter(ctx, &m.keys, call, bound)
 	if err != nil {
+		if queued {
+			c.undoAcquire(ctx, m, &call) // leaves the queue
+		}
 		return nil, err
 	}
 	defer c.waits.exit(w)
-	res, err := c.waits.attempt(ctx, w, m)
-	if err != nil {
-		return nil, err
+	if queued {
+		c.waits.record(w, res, 0, 0)
+	} else if res, err = c.waits.attempt(ctx, w, m); err != nil {
+		return nil, c.giveUp(ctx, m, w, err)
 	}
 	if !res.acquired {
 		if res, err = c.waits.wait(ctx, w, m, bound, res); err != nil {
 			return nil, err
 		}
 	}
-	return c.stillHeld(ctx, c.hold(m, owner, res, start))
+	return c.stillHeld(ctx, c.hold(m, &w.call, res, start))
 }
 
 // acquireResult is the outcome of one acquire attempt, or of a hand-over.
 type acquireResult struct {
 	acquired bool
-	token    int64         // when acquired; when not, the latest token taken
+	token    int64         // when acquired; when not, the holder's token
 	pttl     time.Duration // when not: the lock's remaining lease, 0 if free but reserved, <0 if no expiry
-	head     bool          // when not: this owner heads the wait queue
+	rank     int64         // when not: the call's place in the queue, from 0; -1 if not queued
+	// lapse, when not acquired and the call is second in line, is how soon
+	// the entry ahead of it lapses unless refreshed; -1 otherwise.
+	lapse time.Duration
 	// sent is when the attempt was sent: the lease started no earlier. For a
 	// hand-over, it is when the waiter's last attempt that found it still
 	// queued was sent, since the hand-over came after that attempt.
@@ -178,79 +244,165 @@ type acquireResult struct {
 	// handover, above 0, is the lease a hand-over granted, which may be
 	// shorter than the one asked for (see free_lock in scripts/lib.lua).
 	handover time.Duration
-	// ticket is the ticket of the waiting Lock call that took the lock, ""
-	// for one that did not wait.
-	ticket string
+	// taken is set when take.lua took the lock.
+	taken bool
 }
+
+// Pre-boxed arguments.
+var (
+	emptyArg any = ""
+	oneArg   any = "1"
+	zeroArg  any = "0"
+)
 
 // tryAcquire runs the acquire script once: one round trip, or one pipelined
 // round trip with WAIT when Options.WaitReplicas is set. If the reply is
 // lost, the same request is sent again until Redis answers (see request.go).
-// afterRelease is set for an attempt made on a release message (acquire.lua's
-// ARGV[7]); ticket is the waiting Lock call's (ARGV[8]), whose grant the
-// attempt takes. If ctx ended while the outcome was being found out and the
-// lock was taken, it is released again.
-func (c *Client) tryAcquire(ctx context.Context, m *Mutex, owner Owner, queueTTL time.Duration, afterRelease bool, ticket string) (acquireResult, error) {
+// queue makes a call that waits (acquire.lua's ARGV[5]); missed counts the
+// release messages the head of the queue heard since its last attempt
+// (ARGV[7]). If ctx ended while the
+// outcome was being found out and the lock was taken, it is given up again.
+func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue bool, missed uint64) (acquireResult, error) {
 	if err := ctx.Err(); err != nil {
 		return acquireResult{}, err // nothing sent, nothing to undo
 	}
-	lease, _ := m.leaseTerms()
-	request := newRequestID()
-	keys := m.keys.withLatch(request)
-	args := []any{lease.Milliseconds(), string(owner), queueTTL.Milliseconds(), m.keys.noticePrefix,
-		c.latchTTL.Milliseconds(), c.opts.ID, afterRelease, ticket}
+	queueTTL, after := zeroArg, zeroArg
+	if queue {
+		queueTTL = c.opts.QueueTTL.Milliseconds()
+	}
+	if missed > 0 {
+		after = int64(missed)
+	}
+	args := scriptArgs(c.scripts.acquire, m.keys.keyArgs, 7)
+	args = append(args, call.ownerArg, call.ticketArg, time.Now().UnixMicro(), m.termsArg, queueTTL, c.clientIDArg, after)
 
 	res := acquireResult{sent: time.Now()}
-	reply, err := resolved(ctx, c, func(ctx context.Context) ([]any, error) {
-		if c.opts.WaitReplicas > 0 {
-			return c.acquireSynced(ctx, m, keys, args)
-		}
-		return c.scripts.acquire.Run(ctx, c.rdb, keys, args...).Slice()
-	})
+	reply, err := c.sendAcquire(ctx, m, args)
+	late := time.Since(res.sent) >= c.lateAfter
+	if outcomeUnknown(err) {
+		reply, late, err = resolved(ctx, c, err, func(ctx context.Context) (any, error) { return c.sendAcquire(ctx, m, args) })
+	}
+	call.late = call.late || late
 	c.opts.Metrics.observeAcquire(time.Since(res.sent))
 	if err != nil {
 		// The outcome stays unknown: whatever Redis did, nobody renews it,
-		// so a hold or a queue entry it made runs out on its own.
+		// so a level or a queue entry it made runs out on its own.
 		return res, failure(ctx, err)
 	}
 	var acked int64 = -1
-	if c.opts.WaitReplicas > 0 && len(reply) > 0 {
-		acked, _ = reply[len(reply)-1].(int64)
-		reply = reply[:len(reply)-1]
+	if c.opts.WaitReplicas > 0 {
+		synced := reply.([]any)
+		reply, acked = synced[0], synced[1].(int64)
 	}
-	status, _ := reply[0].(int64)
-	if len(reply) != 3+int(1-status) { // {1, token, count} or {0, pttl, isHead, token}
-		return res, errScriptReply
-	}
-	value, _ := reply[1].(int64)
-	third, _ := reply[2].(int64)
-	if status == 1 {
-		res.acquired, res.token, res.ticket = true, value, ticket
-	} else {
-		res.pttl, res.head = time.Duration(value)*time.Millisecond, third == 1
-		res.token, _ = reply[3].(int64)
+	switch r := reply.(type) {
+	case int64:
+		switch {
+		case r > 0:
+			res.acquired, res.token = true, r
+		case r == -1:
+			return acquireResult{}, ErrLeaseMismatch
+		default:
+			return acquireResult{}, errScriptReply
+		}
+	case []any:
+		if len(r) != 4 {
+			return acquireResult{}, errScriptReply
+		}
+		pttl, _ := r[0].(int64)
+		res.pttl = time.Duration(pttl) * time.Millisecond
+		res.rank, _ = r[1].(int64)
+		res.token, _ = r[2].(int64)
+		lapse, _ := r[3].(int64)
+		res.lapse = time.Duration(lapse) * time.Millisecond
+		if lapse < 0 {
+			res.lapse = -1
+		}
+	default:
+		return acquireResult{}, errScriptReply
 	}
 	if res.acquired && acked >= 0 && acked < int64(c.opts.WaitReplicas) {
-		c.undoAcquire(ctx, m, owner, res)
+		c.undoAcquire(ctx, m, call)
 		return acquireResult{}, fmt.Errorf("%w: only %d of %d replicas acknowledged the lock within %v", ErrUnavailable,
 			acked, c.opts.WaitReplicas, c.opts.WaitReplicasTimeout)
 	}
 	if res.acquired && ctx.Err() != nil {
 		// The caller gave up while the outcome was being found out.
-		c.undoAcquire(ctx, m, owner, res)
+		c.undoAcquire(ctx, m, call)
 		return acquireResult{}, ctx.Err()
 	}
 	return res, nil
 }
 
+// take runs take.lua, the uncontended Lock of an owner of its own, if the
+// call is one and Options.WaitReplicas is not set: it takes the lock if it
+// is free with nobody queued, and otherwise changes nothing and reports it
+// not acquired, for acquire.lua to decide. A lost reply is resolved by
+// sending it again, as tryAcquire does.
+func (c *Client) take(ctx context.Context, m *Mutex, call *lockCall) (acquireResult, error) {
+	if call.ticket != string(call.owner) || c.opts.WaitReplicas > 0 {
+		return acquireResult{}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return acquireResult{}, err
+	}
+	s := c.scripts.take
+	args := scriptArgs(s, m.keys.takeArgs, 3)
+	args = append(args, call.ownerArg, time.Now().UnixMicro(), m.termsArg)
+	res := acquireResult{sent: time.Now()}
+	token, err := takeReply(run(ctx, c.rdb, s, args))
+	late := time.Since(res.sent) >= c.lateAfter
+	if outcomeUnknown(err) {
+		token, late, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) { return takeReply(run(ctx, c.rdb, s, args)) })
+	}
+	call.late = call.late || late
+	c.opts.Metrics.observeAcquire(time.Since(res.sent))
+	if err != nil {
+		return res, failure(ctx, err)
+	}
+	if token > 0 {
+		res.acquired, res.token, res.taken = true, token, true
+		if ctx.Err() != nil {
+			c.undoAcquire(ctx, m, call)
+			return acquireResult{}, ctx.Err()
+		}
+	}
+	return res, nil
+}
+
+// takeReply reads take.lua's reply: the token as a string, or 0.
+func takeReply(cmd *redis.Cmd) (int64, error) {
+	switch v := cmd.Val().(type) {
+	case string:
+		return strconv.ParseInt(v, 10, 64)
+	case int64:
+		return v, nil
+	}
+	if err := cmd.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errScriptReply
+}
+
+// sendAcquire sends an acquire request once.
+func (c *Client) sendAcquire(ctx context.Context, m *Mutex, args []any) (any, error) {
+	if c.opts.WaitReplicas > 0 {
+		return c.acquireSynced(ctx, m, args)
+	}
+	return run(ctx, c.rdb, c.scripts.acquire, args).Result()
+}
+
 // acquireSynced sends the acquire script and WAIT in one pipeline on the
 // lock's master, so WAIT covers exactly this write. It returns the script's
-// reply followed by the number of replicas that acknowledged it. A reply
-// answered from the request's latch may come with a WAIT that covers no
+// reply and the number of replicas that acknowledged it. A reply answered
+// from the call's level already in Redis may come with a WAIT that covers no
 // write of this connection; it then reports replicas that had already
 // acknowledged everything before it.
-func (c *Client) acquireSynced(ctx context.Context, m *Mutex, keys []string, args []any) ([]any, error) {
-	var node redis.Cmdable = c.rdb
+func (c *Client) acquireSynced(ctx context.Context, m *Mutex, args []any) (any, error) {
+	var node interface {
+		doer
+		Pipeline() redis.Pipeliner
+		ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+	} = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		master, err := cc.MasterForKey(ctx, m.keys.name)
 		if err != nil {
@@ -258,51 +410,58 @@ func (c *Client) acquireSynced(ctx context.Context, m *Mutex, keys []string, arg
 		}
 		node = master
 	}
-	run := func() (*redis.Cmd, *redis.Cmd, error) {
+	s := c.scripts.acquire
+	exec := func() (*redis.Cmd, *redis.Cmd, error) {
 		pipe := node.Pipeline()
-		eval := c.scripts.acquire.EvalSha(ctx, pipe, keys, args...)
+		eval := pipe.Do(ctx, args...)
 		wait := pipe.Do(ctx, "wait", c.opts.WaitReplicas, c.opts.WaitReplicasTimeout.Milliseconds())
 		_, err := pipe.Exec(ctx)
 		return eval, wait, err
 	}
-	eval, wait, err := run()
+	eval, wait, err := exec()
 	if isNoScript(eval.Err()) {
-		if err := c.scripts.acquire.Load(ctx, node).Err(); err != nil {
+		if err := node.ScriptLoad(ctx, s.body.(string)).Err(); err != nil {
 			return nil, err
 		}
-		eval, wait, err = run()
+		eval, wait, err = exec()
 	}
-	if err != nil {
-		return nil, err
-	}
-	reply, err := eval.Slice()
 	if err != nil {
 		return nil, err
 	}
 	acked, _ := wait.Int64()
-	return append(reply, acked), nil
+	return []any{eval.Val(), acked}, nil
 }
 
-// undoAcquire releases the level an acquisition took, when the caller will
-// not get its Hold. Best effort: if Redis does not answer, the level runs out
-// with its lease, since nobody renews it.
-func (c *Client) undoAcquire(ctx context.Context, m *Mutex, owner Owner, res acquireResult) {
+// undoAcquire gives up the level a call took, when the caller will not get
+// its Hold. Best effort: if Redis does not answer, the level runs out with
+// its lease, since nobody renews it.
+func (c *Client) undoAcquire(ctx context.Context, m *Mutex, call *lockCall) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
 	defer cancel()
-	lease, _ := m.leaseTerms()
-	_, _ = c.release(uctx, &m.keys, owner, res.token, lease, newRequestID(), res.ticket)
+	c.leave(uctx, m, call)
 }
 
-// release runs the release script: it undoes one level of the owner's hold
-// of the ownership with the fencing token given (0: whichever), and when
-// that frees the lock hands it to the next live waiter. lease is restored
-// while levels remain. A lost reply is resolved by sending the same
-// request again. It returns the script's reply (see release.lua).
-func (c *Client) release(ctx context.Context, keys *lockKeys, owner Owner, token int64, lease time.Duration, request, ticket string) (int64, error) {
-	latched := keys.withLatch(request)
-	n, err := resolved(ctx, c, func(ctx context.Context) (int64, error) {
-		return c.scripts.release.Run(ctx, c.rdb, latched, string(owner), lease.Milliseconds(),
-			keys.noticePrefix, c.opts.QueueTTL.Milliseconds(), c.latchTTL.Milliseconds(), ticket, token).Int64()
+// leave takes a call out of the lock's wait queue, passing the head position
+// on, and undoes a level the lock was given to it with (see leave.lua). It
+// remembers the call as finished if a request of it may still arrive late.
+func (c *Client) leave(ctx context.Context, m *Mutex, call *lockCall) {
+	late := zeroArg
+	if call.late {
+		late = oneArg
+	}
+	args := scriptArgs(c.scripts.leave, m.keys.keyArgs, 4)
+	args = append(args, call.ownerArg, call.ticketArg, late, c.rememberArg)
+	_, _, _ = resolved(ctx, c, nil, func(ctx context.Context) (any, error) {
+		return run(ctx, c.rdb, c.scripts.leave, args).Result()
 	})
-	return n, failure(ctx, err)
+}
+
+// giveUp ends a waiting call that failed: it leaves the queue, undoing a
+// hand-over that came too late, so a Lock that fails, or a Client that
+// closes, leaves nothing behind. It returns err.
+func (c *Client) giveUp(ctx context.Context, m *Mutex, w *waiter, err error) error {
+	leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
+	defer cancel()
+	c.leave(leaveCtx, m, &w.call)
+	return err
 }

@@ -2,7 +2,6 @@ package redislock_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,7 +27,7 @@ func TestSentinelFailoverWithBlockedWaiters(t *testing.T) {
 	// The basics, through Sentinel.
 	holder := newMutex(t, c, name, nil)
 	first := mustLock(t, ctx, holder)
-	again := mustLock(t, redislock.WithOwner(ctx, first.Owner()), holder)
+	again := mustLock(t, redislock.WithHold(ctx, first), holder)
 	if again.Token() != first.Token() {
 		t.Fatalf("re-entry through Sentinel changed the token from %d to %d", first.Token(), again.Token())
 	}
@@ -96,16 +95,13 @@ func (a *answeredOwners) DialHook(next redis.DialHook) redis.DialHook { return n
 func (a *answeredOwners) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		args := cmd.Args() // evalsha, SHA, key count, KEYS..., ARGV...
-		if err == nil && cmd.Name() == "evalsha" && len(args) > 3 {
-			if numKeys, ok := args[2].(int); ok && len(args) > 4+numKeys {
-				a.mu.Lock()
-				if a.owners == nil {
-					a.owners = map[string]bool{}
-				}
-				a.owners[fmt.Sprint(args[4+numKeys])] = true // acquire's ARGV[2]
-				a.mu.Unlock()
+		if kind, owner := redislock.ScriptCall(cmd.Args()); err == nil && kind == "acquire" {
+			a.mu.Lock()
+			if a.owners == nil {
+				a.owners = map[string]bool{}
 			}
+			a.owners[owner] = true
+			a.mu.Unlock()
 		}
 		return err
 	}

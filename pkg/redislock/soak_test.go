@@ -114,8 +114,20 @@ redis.call('hset', KEYS[1], 'holder', holder, 'proc', proc, 'inc', inc,
   'pauses', redis.call('hget', KEYS[3], 'pauses:' .. proc) or '0')
 return 1`)
 	checkerWrite = redis.NewScript(`
-if tonumber(ARGV[2]) < tonumber(redis.call('get', KEYS[2]) or '0') then
-  redis.call('hincrby', KEYS[4], 'stale writes refused', 1)
+local holder, token, proc, pauses, hold = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local highest = redis.call('get', KEYS[2]) or '0'
+if tonumber(token) < tonumber(highest) then
+  -- Fencing refuses the write. The holder checked that its Hold still held
+  -- just before it: unless its process was paused since it asked for the
+  -- lock, or it is not a Hold (ARGV[5] '0': the Redisson-script worker),
+  -- the Hold outlived its lock without its Context ending.
+  local now = redis.call('hget', KEYS[3], 'pauses:' .. proc) or '0'
+  if hold ~= '1' or now ~= pauses or redis.call('hget', KEYS[3], 'frozen:' .. proc) == '1' then
+    redis.call('hincrby', KEYS[4], 'stale writes refused', 1)
+  else
+    redis.call('hincrby', KEYS[4], 'holds outliving their lock', 1)
+    redis.call('rpush', KEYS[5], 'hold outliving its lock: ' .. holder .. ' wrote with ' .. token .. ', after ' .. highest)
+  end
   return 0
 end
 redis.call('hincrby', KEYS[4], 'writes', 1)
@@ -137,7 +149,8 @@ func checkerKeys(lock string) []string {
 }
 
 // soakViolations are the checker's counters that must stay 0.
-var soakViolations = []string{"overlaps", "token regressions", "stale writes accepted", "waits past their bound"}
+var soakViolations = []string{"overlaps", "token regressions", "stale writes accepted", "holds outliving their lock",
+	"waits past their bound", "holds lost to a slow Unlock"}
 
 // TestSoak runs 8 processes of 4 lock clients each over 16 locks until they
 // have made at least 40,000 acquisitions (`make soak`: 1,000,000), while
@@ -145,14 +158,20 @@ var soakViolations = []string{"overlaps", "token regressions", "stale writes acc
 // from its append-only file; one process's network cut or slowed, or its
 // replies lost after Redis ran the commands; one process killed (and started
 // again), or paused past its lease. Half the acquisitions are re-entered at
-// once by the same owner from a second goroutine and a second Client, and
-// every other process has a worker running Redisson's scripts. The workers
-// connect as a Redis user with only MinimalACL. The checker must see no
-// overlapping holds (but for a paused or dead holder, which only fencing can
-// stop: a paused holder that comes back is refused by its token), no fencing
-// token that fails to rise, no stale write accepted, and no TryLock past its
-// bound; no process may grow or leak goroutines, and the race detector must
-// stay quiet.
+// once by the same owner from a second goroutine and a second Client, whose
+// lease terms differ for one client of each process (the re-entry is then
+// refused); every other process has a worker running Redisson's scripts;
+// one client of each process stalls some of its Unlocks for longer than its
+// lease while it holds another lock, which a long holder keeps and writes
+// under; and plain listeners sit on every lock's release channel. The
+// workers connect as a Redis user with only MinimalACL. The checker must see
+// no overlapping holds (but for a paused or dead holder, which only fencing
+// can stop: a paused holder that comes back is refused by its token), no
+// fencing token that fails to rise, no stale write accepted, no write by a
+// Hold whose lock had ended without its Context ending (fencing refuses it),
+// no hold lost while no fault struck, and no TryLock past its bound; no
+// process may grow or leak goroutines, and the race detector must stay
+// quiet.
 func TestSoak(t *testing.T) {
 	target := soakDefaultTarget
 	if v := os.Getenv(envSoakAcquisitions); v != "" {
@@ -173,6 +192,14 @@ func TestSoak(t *testing.T) {
 	ctx := context.Background()
 
 	s := &soak{t: t, lockRedis: lockRedis, admin: admin, checkerAddr: checker.Addr, faults: make(map[string]int)}
+	// Plain listeners on every lock's release channel, as the controller
+	// and monitoring tools are: they must not turn the hand-over off.
+	var channels []string
+	for i := range soakLocks {
+		channels = append(channels, fmt.Sprintf("redisson_lock__channel:{soak:lock:%d}", i))
+	}
+	listener := lockRedis.Client(t).Subscribe(ctx, channels...)
+	t.Cleanup(func() { _ = listener.Close() })
 	for p := range soakProcesses {
 		s.procs = append(s.procs, &soakProc{index: p, proxy: redistest.StartProxy(t, lockRedis.Addr)})
 		if err := s.start(s.procs[p]); err != nil {
@@ -391,9 +418,13 @@ func (s *soak) injectFaults(stop <-chan struct{}) {
 		case <-time.After(randDuration(r, soakLease/4, 2*soakLease)):
 		}
 		f, p := soakFaults[r.IntN(len(soakFaults))], s.procs[r.IntN(len(s.procs))]
-		must(s.t, s.admin.RPush(context.Background(), "soak:timeline", fmt.Sprintf("%s: %s (process %d)",
+		ctx := context.Background()
+		must(s.t, s.admin.RPush(ctx, "soak:timeline", fmt.Sprintf("%s: %s (process %d)",
 			time.Now().Format("15:04:05.000"), f.name, p.index)).Err())
+		// While a fault strikes, and a lease after, a hold may be lost.
+		must(s.t, s.admin.HSet(ctx, "soak:procs", "faulting", 1).Err())
 		f.strike(s, p, r)
+		must(s.t, s.admin.HSet(ctx, "soak:procs", "faulting", 0, "fault ended", time.Now().UnixMilli()).Err())
 		s.mu.Lock()
 		s.faults[f.name]++
 		s.mu.Unlock()
@@ -441,16 +472,35 @@ func runSoakChild(raw string) int {
 		rdbs    []*redis.Client
 		clients []*redislock.Client
 	)
-	for range soakClients {
+	for i := range soakClients {
 		rdb := redis.NewClient(&redis.Options{Addr: cfg.LockAddr, Username: soakUser, Password: soakPassword})
 		rdbs = append(rdbs, rdb)
-		c, err := redislock.New(rdb, redislock.Options{WatchdogLease: soakLease, RetryFallback: soakRetryFallback, QueueTTL: soakQueueTTL})
+		opts := redislock.Options{WatchdogLease: soakLease, RetryFallback: soakRetryFallback, QueueTTL: soakQueueTTL}
+		switch i {
+		case 0:
+			// It stalls one Unlock in 50 for longer than its lease.
+			rdb.AddHook(&slowUnlocks{every: 50, stall: soakLease * 3 / 2})
+		case 1:
+			// Other lease terms: its worker's re-entries through the
+			// neighbour client, and the previous worker's through it, are
+			// refused.
+			opts.WatchdogLease = soakLease + time.Second
+		}
+		c, err := redislock.New(rdb, opts)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "soak child:", err)
 			return 2
 		}
 		clients = append(clients, c)
 	}
+	// Beside the stalled Unlocks of client 0, its long holder keeps a lock
+	// for three leases at a time, renewed by the watchdog, and writes under
+	// it: its hold may be lost only to a fault.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.holdLong(ctx, clients[0], cfg.WorkerOffset)
+	}()
 	for i, c := range clients {
 		if i == soakClients-1 && cfg.Process%2 == 0 {
 			// In every other process, the last worker runs Redisson's
@@ -504,8 +554,8 @@ func runSoakChild(raw string) int {
 	if err := goleak.Find(); err != nil {
 		leak = err.Error()
 	}
-	fmt.Printf("DONE acquisitions=%d (Redisson's scripts %d) lock-errors=%v goroutines early=%d late=%d peak=%d leaked=%s\n",
-		w.acquisitions.Load(), w.redissonAcquisitions.Load(), w.errorSummary(), early, late, peak, leak)
+	fmt.Printf("DONE acquisitions=%d (Redisson's scripts %d, long holds %d) re-entries refused for other terms=%d lock-errors=%v goroutines early=%d late=%d peak=%d leaked=%s\n",
+		w.acquisitions.Load(), w.redissonAcquisitions.Load(), w.longHolds.Load(), w.refusedTerms.Load(), w.errorSummary(), early, late, peak, leak)
 	if leak != "none" || (early > 0 && late > early+2*soakClients) {
 		return 1
 	}
@@ -518,6 +568,8 @@ type soakWorker struct {
 	checker              *redis.Client
 	acquisitions         atomic.Int64
 	redissonAcquisitions atomic.Int64 // by the worker running Redisson's scripts
+	longHolds            atomic.Int64 // by the long holder
+	refusedTerms         atomic.Int64 // re-entries refused with ErrLeaseMismatch
 
 	mu     sync.Mutex
 	errors map[string]int // Lock and Unlock errors, by kind
@@ -584,15 +636,15 @@ func (w *soakWorker) runRedisson(ctx context.Context, rdb *redis.Client, worker 
 	r := rand.New(rand.NewPCG(uint64(worker), uint64(w.cfg.Incarnation)))
 	for n := 0; ctx.Err() == nil; n++ {
 		name := fmt.Sprintf("soak:lock:%d", r.IntN(soakLocks))
-		redisson := &redissonLock{rdb: rdb, name: name, lease: soakLease,
-			owner: fmt.Sprintf("redisson-%d-%d:%d", w.cfg.Process, w.cfg.Incarnation, worker)}
+		redisson := &redistest.Redisson{RDB: rdb, Name: name, Lease: soakLease,
+			Owner: fmt.Sprintf("redisson-%d-%d:%d", w.cfg.Process, w.cfg.Incarnation, worker)}
 		pauses, err := w.checker.HGet(ctx, "soak:procs", fmt.Sprintf("pauses:%d", w.cfg.Process)).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			w.noteError("checker", err)
 			continue
 		}
 		lockCtx, cancel := context.WithTimeout(ctx, soakWait)
-		token, acquired, err := redisson.fencedLock(lockCtx)
+		token, acquired, err := redisson.FencedLock(lockCtx)
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
@@ -606,8 +658,8 @@ func (w *soakWorker) runRedisson(ctx context.Context, rdb *redis.Client, worker 
 		holder := fmt.Sprintf("%d.%d.%d.%d", w.cfg.Process, w.cfg.Incarnation, worker, n)
 		// The lease is fixed: work only while it surely lasts.
 		valid := func() bool { return time.Since(acquired) < soakLease*9/10 }
-		w.enter(token, valid, name, holder, pauses, 1+r.IntN(3))
-		if _, err := redisson.unlock(context.Background()); err != nil {
+		w.enter(token, valid, false, name, holder, pauses, 1+r.IntN(3))
+		if _, err := redisson.Unlock(context.Background()); err != nil {
 			w.noteError("redisson unlock", err)
 		}
 	}
@@ -616,10 +668,14 @@ func (w *soakWorker) runRedisson(ctx context.Context, rdb *redis.Client, worker 
 // reenter takes the lock again for hold's owner, holds the re-entry for
 // held, and unlocks it.
 func (w *soakWorker) reenter(hold *redislock.Hold, m *redislock.Mutex, held time.Duration) {
-	ctx, cancel := context.WithTimeout(redislock.WithOwner(context.Background(), hold.Owner()), soakWait)
+	ctx, cancel := context.WithTimeout(redislock.WithHold(context.Background(), hold), soakWait)
 	defer cancel()
 	again, err := m.TryLock(ctx, 0)
-	if err != nil {
+	switch {
+	case errors.Is(err, redislock.ErrLeaseMismatch):
+		w.refusedTerms.Add(1) // the neighbour client's terms differ
+		return
+	case err != nil:
 		if !errors.Is(err, redislock.ErrWaitTimeout) { // a lost hold cannot be re-entered
 			w.noteError("re-entry", err)
 		}
@@ -670,12 +726,18 @@ func (w *soakWorker) countViolation(kind, what string) {
 // critical is the guarded work: the checker calls go to a Redis that no
 // fault touches, and each is made only while the hold lasts.
 func (w *soakWorker) critical(hold *redislock.Hold, name, holder, pauses string, writes int) {
-	w.enter(hold.Token(), func() bool { return hold.Err() == nil }, name, holder, pauses, writes)
+	w.enter(hold.Token(), func() bool { return hold.Err() == nil }, true, name, holder, pauses, writes)
 }
 
 // enter is the guarded work of a holder with token, for as long as valid
-// says it holds the lock.
-func (w *soakWorker) enter(token int64, valid func() bool, name, holder, pauses string, writes int) {
+// says it holds the lock; isHold tells a Hold's work from the
+// Redisson-script worker's.
+func (w *soakWorker) enter(token int64, valid func() bool, isHold bool, name, holder, pauses string, writes int) {
+	w.enterFor(token, valid, isHold, name, holder, pauses, writes, 0)
+}
+
+// enterFor is enter with a pause between writes.
+func (w *soakWorker) enterFor(token int64, valid func() bool, isHold bool, name, holder, pauses string, writes int, gap time.Duration) {
 	ctx := context.Background()
 	keys := checkerKeys(name)
 	if !valid() {
@@ -692,11 +754,18 @@ func (w *soakWorker) enter(token int64, valid func() bool, name, holder, pauses 
 		}
 		return
 	}
-	for range writes {
+	hold := "0"
+	if isHold {
+		hold = "1"
+	}
+	for i := range writes {
+		if i > 0 {
+			time.Sleep(gap)
+		}
 		if !valid() {
 			break
 		}
-		if err := checkerWrite.Run(ctx, w.checker, keys, holder, token).Err(); err != nil {
+		if err := checkerWrite.Run(ctx, w.checker, keys, holder, token, w.cfg.Process, pauses, hold).Err(); err != nil {
 			w.noteError("checker", err)
 		}
 	}
@@ -733,4 +802,77 @@ func (w *soakWorker) errorSummary() map[string]int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.errors
+}
+
+// holdLong keeps the lock soak:long for three leases at a time, on the
+// client whose Unlocks stall, writing under it every tenth of a lease while
+// it holds; the long holders of all processes take turns. The hold may end
+// only when a fault struck in the last two leases: the watchdog must keep
+// it through the stalled Unlocks beside it.
+func (w *soakWorker) holdLong(ctx context.Context, c *redislock.Client, worker int) {
+	m, _ := c.NewMutex("soak:long", nil)
+	for n := 0; ctx.Err() == nil; n++ {
+		pauses, err := w.checker.HGet(ctx, "soak:procs", fmt.Sprintf("pauses:%d", w.cfg.Process)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			w.noteError("checker", err)
+			continue
+		}
+		hold, err := m.TryLock(ctx, soakWait)
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, redislock.ErrWaitTimeout) {
+				w.noteError("long lock", err)
+				time.Sleep(20 * time.Millisecond)
+			}
+			continue
+		}
+		w.acquisitions.Add(1)
+		w.longHolds.Add(1)
+		holder := fmt.Sprintf("%d.%d.long.%d", w.cfg.Process, w.cfg.Incarnation, n)
+		valid := func() bool { return ctx.Err() == nil && hold.Err() == nil }
+		w.enterFor(hold.Token(), valid, true, m.Name(), holder, pauses, 30, soakLease/10)
+		if err := hold.Err(); err != nil && ctx.Err() == nil {
+			w.checkLoss(holder, err)
+		}
+		w.unlock(hold)
+	}
+}
+
+// checkLoss counts a hold lost while no fault struck in the last lease.
+func (w *soakWorker) checkLoss(holder string, cause error) {
+	ctx := context.Background()
+	state, err := w.checker.HMGet(ctx, "soak:procs", "faulting", "fault ended").Result()
+	if err != nil || len(state) != 2 {
+		return
+	}
+	faulting, _ := state[0].(string)
+	endedText, _ := state[1].(string)
+	ended, _ := strconv.ParseInt(endedText, 10, 64)
+	if faulting == "1" || time.Since(time.UnixMilli(ended)) < 2*soakLease {
+		return
+	}
+	w.countViolation("holds lost to a slow Unlock", fmt.Sprintf("%s lost its hold with no fault in the last two leases: %v", holder, cause))
+}
+
+// slowUnlocks is a go-redis hook that stalls one release in every, before
+// sending it, for stall: a slow Unlock, or one stuck on a dead connection
+// while go-redis waits out its timeouts.
+type slowUnlocks struct {
+	every int
+	stall time.Duration
+	n     atomic.Int64
+}
+
+func (s *slowUnlocks) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *slowUnlocks) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if kind, _ := redislock.ScriptCall(cmd.Args()); kind == "release" && s.n.Add(1)%int64(s.every) == 0 {
+			time.Sleep(s.stall)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (s *slowUnlocks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

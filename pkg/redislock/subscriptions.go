@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"strings"
-
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,7 +13,7 @@ import (
 // Subscriptions. A client listens on three channels for each lock it waits
 // for: the lock's release channel, where "0" is published when the lock is
 // freed; the lock's notice channel for this client, where the scripts tell
-// its waiters that the lock was handed to them or that they head the queue;
+// its waiters that the lock was handed to them or that they head its queue;
 // and the lock's members channel, which only counts lockwarden's listeners
 // (see lockKeys.members). All carry the lock's hash tag, so a script reaches
 // them within the lock's own slot.
@@ -22,11 +21,17 @@ import (
 // On a Redis Cluster with sharded pub/sub (Redis 7 and later), the scripts
 // publish with SPUBLISH and the client listens with SSUBSCRIBE, as Redisson
 // does there: a message goes to the lock's shard only, never over the cluster
-// bus, and Redisson's waiters and ours hear each other. go-redis binds a
-// Cluster pub/sub connection to the node of one slot, so each lock waited on
-// gets a connection of its own, on its slot's master. Elsewhere (standalone,
-// Sentinel, a Cluster without sharded pub/sub) one connection with SUBSCRIBE
-// serves every lock.
+// bus, and Redisson's waiters and ours hear each other. The client keeps one
+// connection per master it listens on, and subscribes each lock's channels
+// there with an SSUBSCRIBE of their own (one command may not name two
+// slots), so connections grow with shards, not with locks. When a failover
+// or a resharding moves a slot, its old node drops the slot's subscriptions
+// (it sends SUNSUBSCRIBE); when a node's connection breaks, the client drops
+// it. Either way the locks it carried are subscribed again on their slots'
+// masters as the cluster now has them, and their waiters retry, since they
+// may have missed a message. Elsewhere (standalone, Sentinel, a Cluster
+// without sharded pub/sub) one connection with SUBSCRIBE serves every lock,
+// and go-redis reconnects and resubscribes it.
 //
 // A lock's subscription stays for subscriptionLinger after its last waiter
 // leaves, so a busy lock costs no SUBSCRIBE per acquisition.
@@ -38,13 +43,12 @@ const (
 	receiveTimeout = time.Second
 )
 
-// subscription is one lock's two channels and the waiters that listen on
-// them.
+// subscription is one lock's channels and the waiters that listen on them.
 type subscription struct {
 	lock             string
 	release, notice  string
-	members          string // see lockKeys.members
-	conn             *pubsubConn
+	members          string        // see lockKeys.members
+	conn             *pubsubConn   // nil while it is being subscribed again
 	confirmed        chan struct{} // closed once Redis confirmed both channels
 	pending          int           // confirmations still awaited
 	waiters          []*waiter     // the lock's waiters
@@ -67,9 +71,15 @@ func (s *subscription) add(w *waiter) {
 	w.sub = s
 }
 
+func (s *subscription) channels() []string { return []string{s.release, s.notice, s.members} }
+
 // pubsubConn is one pub/sub connection and its receiving goroutine.
 type pubsubConn struct {
-	ps     *redis.PubSub
+	ps *redis.PubSub
+	// On a sharded Cluster: the master's address, and the locks whose
+	// channels it carries.
+	addr   string
+	subs   map[*subscription]struct{}
 	closed bool // guarded by waiting.mu
 }
 
@@ -112,63 +122,89 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 		}
 		ws.subs[keys.name] = sub
 		ws.channels[sub.release], ws.channels[sub.notice] = sub, sub
-		if err := ws.subscribeLocked(ctx, sub); err != nil {
-			ws.dropLocked(sub)
-			return nil, unavailable(err)
-		}
 	}
 	if w.sub == nil {
 		sub.add(w)
 	}
+	if sub.conn == nil {
+		if err := ws.subscribeLocked(ctx, sub); err != nil {
+			return nil, unavailable(err)
+		}
+	}
 	return sub.confirmed, nil
 }
 
-// subscribeLocked sends the subscription's SUBSCRIBE, or SSUBSCRIBE on a
-// connection of its own. A sharded connection is opened by the SSUBSCRIBE
-// itself, so it goes to the master of the lock's slot, and its receiving
-// goroutine starts only then: a receive before any channel is named would
-// open the connection on a random node, which answers MOVED and never
-// confirms.
+// subscribeLocked sends the subscription's SUBSCRIBE, or on a sharded
+// Cluster its SSUBSCRIBE on the connection to its slot's master, opening it
+// if there is none yet. A sharded connection's receiving goroutine starts
+// only once the connection is open: a receive before any channel is named
+// would open it on its own.
 func (ws *waiting) subscribeLocked(ctx context.Context, sub *subscription) error {
 	if !ws.sharded {
 		if ws.shared == nil {
-			ws.shared = ws.listen(ws.c.rdb.Subscribe(ctx))
+			ws.shared = ws.listen(&pubsubConn{ps: ws.c.rdb.Subscribe(ctx)})
 		}
 		sub.conn = ws.shared
-		return sub.conn.ps.Subscribe(ctx, sub.release, sub.notice, sub.members)
+		return sub.conn.ps.Subscribe(ctx, sub.channels()...)
 	}
-	ps := ws.c.rdb.(*redis.ClusterClient).SSubscribe(ctx)
-	if err := ps.SSubscribe(ctx, sub.release, sub.notice, sub.members); err != nil {
-		_ = ps.Close()
+	node, err := ws.c.rdb.(*redis.ClusterClient).MasterForKey(ctx, sub.release)
+	if err != nil {
 		return err
 	}
-	sub.conn = ws.listen(ps)
+	addr := node.Options().Addr
+	conn := ws.shards[addr]
+	if conn == nil {
+		ps := node.SSubscribe(ctx)
+		if err := ps.SSubscribe(ctx, sub.channels()...); err != nil {
+			_ = ps.Close()
+			return err
+		}
+		conn = ws.listen(&pubsubConn{ps: ps, addr: addr, subs: make(map[*subscription]struct{})})
+		ws.shards[addr] = conn
+	} else if err := conn.ps.SSubscribe(ctx, sub.channels()...); err != nil {
+		return err
+	}
+	conn.subs[sub] = struct{}{}
+	sub.conn = conn
 	return nil
 }
 
 // listen starts the receiving goroutine of a new connection.
-func (ws *waiting) listen(ps *redis.PubSub) *pubsubConn {
-	conn := &pubsubConn{ps: ps}
+func (ws *waiting) listen(conn *pubsubConn) *pubsubConn {
 	ws.c.loops.Add(1)
 	go ws.receive(conn)
 	return conn
 }
 
-// dropLocked forgets a subscription and stops listening on its channels: a
-// sharded one's connection is closed with it.
+// dropLocked forgets a subscription and stops listening on its channels. A
+// sharded connection is closed with its last lock.
 func (ws *waiting) dropLocked(sub *subscription) {
 	delete(ws.subs, sub.lock)
 	delete(ws.channels, sub.release)
 	delete(ws.channels, sub.notice)
+	conn := sub.conn
+	sub.conn = nil
 	switch {
-	case sub.conn == nil: // its SSUBSCRIBE failed
-		return
+	case conn == nil:
 	case ws.sharded:
-		sub.conn.closed = true
-		_ = sub.conn.ps.Close()
+		delete(conn.subs, sub)
+		if len(conn.subs) == 0 {
+			ws.closeConnLocked(conn)
+		} else {
+			_ = conn.ps.SUnsubscribe(context.Background(), sub.channels()...)
+		}
 	default:
-		_ = sub.conn.ps.Unsubscribe(context.Background(), sub.release, sub.notice, sub.members)
+		_ = conn.ps.Unsubscribe(context.Background(), sub.channels()...)
 	}
+}
+
+// closeConnLocked closes a sharded connection; its receiver then exits.
+func (ws *waiting) closeConnLocked(conn *pubsubConn) {
+	conn.closed = true
+	if ws.shards[conn.addr] == conn {
+		delete(ws.shards, conn.addr)
+	}
+	_ = conn.ps.Close()
 }
 
 // close ends every subscription and wakes every waiter, which then sees the
@@ -177,26 +213,30 @@ func (ws *waiting) close() {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	ws.closed = true
-	conns := map[*pubsubConn]bool{}
 	for _, sub := range ws.subs {
-		conns[sub.conn] = true
 		for _, w := range sub.waiters {
 			w.signal()
 		}
 	}
+	conns := []*pubsubConn{}
 	if ws.shared != nil {
-		conns[ws.shared] = true
+		conns = append(conns, ws.shared)
 	}
-	for conn := range conns {
+	for _, conn := range ws.shards {
+		conns = append(conns, conn)
+	}
+	for _, conn := range conns {
 		conn.closed = true
 		_ = conn.ps.Close()
 	}
 }
 
 // receive is a connection's goroutine: it routes release messages and
-// notices to waiters. go-redis reconnects and resubscribes by itself; a
-// confirmation of a channel already confirmed means a reconnection, after
-// which messages may have been missed, so every waiter on it retries.
+// notices to waiters. A confirmation of a channel already confirmed means a
+// resubscription, after which messages may have been missed, so every
+// waiter on it retries. The shared connection is reconnected and
+// resubscribed by go-redis; a sharded one that fails is dropped, and its
+// locks subscribed again (see rehome).
 func (ws *waiting) receive(conn *pubsubConn) {
 	defer ws.c.loops.Done()
 	lastSweep := time.Now()
@@ -218,6 +258,10 @@ func (ws *waiting) receive(conn *pubsubConn) {
 				_ = conn.ps.Ping(context.Background())
 				continue
 			}
+			if ws.sharded {
+				ws.connFailed(conn)
+				return
+			}
 			// A broken connection: go-redis reconnects on the next receive.
 			select {
 			case <-ws.c.done:
@@ -228,13 +272,93 @@ func (ws *waiting) receive(conn *pubsubConn) {
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+			switch m.Kind {
+			case "subscribe", "ssubscribe":
 				ws.confirm(m.Channel)
+			case "sunsubscribe":
+				ws.dropped(conn, m.Channel)
 			}
 		case *redis.Message:
 			ws.route(m)
 		}
 	}
+}
+
+// dropped handles an SUNSUBSCRIBE on a sharded connection: for a channel the
+// client still listens on there, it comes from the node, which no longer
+// serves the channel's slot.
+func (ws *waiting) dropped(conn *pubsubConn, channel string) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	sub := ws.channels[channel]
+	if sub == nil || sub.conn != conn {
+		return // one the client dropped itself, or already moved
+	}
+	delete(conn.subs, sub)
+	sub.conn = nil
+	ws.rehomeLocked([]*subscription{sub})
+}
+
+// connFailed drops a sharded connection that failed, and subscribes its
+// locks again.
+func (ws *waiting) connFailed(conn *pubsubConn) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if conn.closed {
+		return
+	}
+	var moved []*subscription
+	for sub := range conn.subs {
+		sub.conn = nil
+		moved = append(moved, sub)
+	}
+	ws.closeConnLocked(conn)
+	ws.rehomeLocked(moved)
+}
+
+// rehomeLocked subscribes locks that lost their connection again, on their
+// slots' masters as the cluster has them once it reloaded its state, trying
+// until it succeeds, the lock is no longer subscribed, or the client closes.
+// Their waiters retry now, and again once the new subscription confirms:
+// they may have missed a message, and meanwhile they poll.
+func (ws *waiting) rehomeLocked(subs []*subscription) {
+	if len(subs) == 0 || ws.closed {
+		return
+	}
+	for _, sub := range subs {
+		for _, w := range sub.waiters {
+			w.signal()
+		}
+	}
+	cc := ws.c.rdb.(*redis.ClusterClient)
+	ws.c.loops.Add(1)
+	go func() {
+		defer ws.c.loops.Done()
+		pause := 50 * time.Millisecond
+		for len(subs) > 0 {
+			cc.ReloadState(context.Background())
+			select {
+			case <-ws.c.done:
+				return
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), receiveTimeout)
+			ws.mu.Lock()
+			var left []*subscription
+			for _, sub := range subs {
+				if ws.closed || ws.subs[sub.lock] != sub || sub.conn != nil {
+					continue // closed, dropped, or subscribed by a waiter
+				}
+				if err := ws.subscribeLocked(ctx, sub); err != nil {
+					left = append(left, sub)
+				}
+			}
+			ws.mu.Unlock()
+			cancel()
+			subs = left
+		}
+	}()
 }
 
 func (ws *waiting) confirm(channel string) {
@@ -249,7 +373,8 @@ func (ws *waiting) confirm(channel string) {
 		seen = &sub.confirmedNotice
 	}
 	if *seen {
-		// Resubscribed after a reconnection: anything may have been missed.
+		// Subscribed again after a reconnection or a move: anything may
+		// have been missed.
 		for _, w := range sub.waiters {
 			w.signal()
 		}

@@ -42,6 +42,7 @@ type waiting struct {
 	mu       sync.Mutex
 	closed   bool
 	shared   *pubsubConn              // the one connection, unless sharded
+	shards   map[string]*pubsubConn   // sharded: one per master, by address
 	subs     map[string]*subscription // by lock name
 	channels map[string]*subscription // by channel, both of each lock's
 	slots    map[holdKey]*waiter      // the one waiting Lock call per owner and lock
@@ -50,11 +51,13 @@ type waiting struct {
 // waiter is one Lock call that may wait.
 type waiter struct {
 	key holdKey
-	// ticket identifies the call in Redis: its queue entry, and a grant to
-	// it, are its own, not those of another call of the same owner.
-	ticket string
-	wake   chan struct{} // buffered: one pending wake-up is enough
-	done   chan struct{} // closed when the call stops waiting
+	// call carries the call's ticket, which identifies it in Redis: its
+	// queue entry, and a level handed to it, are its own, not those of
+	// another call of the same owner. Only the calling goroutine changes
+	// it.
+	call lockCall
+	wake chan struct{} // buffered: one pending wake-up is enough
+	done chan struct{} // closed when the call stops waiting
 
 	// Guarded by waiting.mu.
 	sub      *subscription // the lock's subscription, once the waiter is on it
@@ -77,6 +80,14 @@ type waiter struct {
 	queuedSent time.Time
 	lastToken  int64
 	handover   *handover // the latest received, not yet taken
+	// aheadLapses, if set, is when the entry ahead of a waiter second in
+	// line lapses unless its waiter refreshes it: then this one heads the
+	// queue, and must know it to act on a release message.
+	aheadLapses time.Time
+	// notBefore, if set, is when a race release lets the head take the
+	// lock: before that, clients outside the queue may (see races in
+	// scripts/lib.lua).
+	notBefore time.Time
 }
 
 // handover is the lock, handed to a waiter by the release that freed it.
@@ -98,6 +109,7 @@ func newWaiting(c *Client, sharded bool) *waiting {
 		sharded:  sharded,
 		subs:     make(map[string]*subscription),
 		channels: make(map[string]*subscription),
+		shards:   make(map[string]*pubsubConn),
 		slots:    make(map[holdKey]*waiter),
 	}
 }
@@ -109,8 +121,8 @@ func newWaiting(c *Client, sharded bool) *waiting {
 // subscribed to the lock, the waiter listens from the start, so no release
 // message or notice sent after its first attempt can be missed. enter sends
 // nothing to Redis: subscribing is left to wait, for attempts that fail.
-func (ws *waiting) enter(ctx context.Context, keys *lockKeys, owner Owner, bound <-chan time.Time) (*waiter, error) {
-	key := holdKey{keys.name, owner}
+func (ws *waiting) enter(ctx context.Context, keys *lockKeys, call lockCall, bound <-chan time.Time) (*waiter, error) {
+	key := holdKey{keys.name, call.owner}
 	for {
 		ws.mu.Lock()
 		if ws.closed {
@@ -119,7 +131,7 @@ func (ws *waiting) enter(ctx context.Context, keys *lockKeys, owner Owner, bound
 		}
 		other := ws.slots[key]
 		if other == nil {
-			w := &waiter{key: key, ticket: newRequestID(), wake: make(chan struct{}, 1), done: make(chan struct{})}
+			w := &waiter{key: key, call: call, wake: make(chan struct{}, 1), done: make(chan struct{})}
 			ws.slots[key] = w
 			if sub := ws.subs[keys.name]; sub != nil {
 				sub.add(w)
@@ -139,6 +151,13 @@ func (ws *waiting) enter(ctx context.Context, keys *lockKeys, owner Owner, bound
 			return nil, ErrClosed
 		}
 	}
+}
+
+// listening reports whether the client listens on the lock's channels.
+func (ws *waiting) listening(name string) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.subs[name] != nil
 }
 
 // exit ends a waiter's Lock call, letting the next call of its owner in.
@@ -164,14 +183,16 @@ func (ws *waiting) exit(w *waiter) {
 	}
 }
 
-// released wakes the lock's waiter at the head of the queue. Waiters further
-// back stay asleep: the head takes the lock and the next one is notified.
+// released wakes the lock's waiter at the head of the queue, or second in
+// line behind an entry that has lapsed since. Waiters further back stay
+// asleep: the head takes the lock and the next one is notified.
 func (ws *waiting) released(sub *subscription) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
+	now := time.Now()
 	for _, w := range sub.waiters {
 		w.releases++
-		if w.head {
+		if w.head || !w.aheadLapses.IsZero() && now.After(w.aheadLapses) {
 			w.signal()
 		}
 	}
@@ -180,7 +201,8 @@ func (ws *waiting) released(sub *subscription) {
 // notice handles a notice for owner about the lock name (see notify in
 // scripts/lib.lua): "1 <owner> <name>" or "0 <owner> <name>", the owner now
 // heads the queue of the lock, which is free or held; "g <owner> <name>
-// <token> <lease ms>", the lock was handed to the owner.
+// <token> <lease ms> <ticket>", the lock was handed to the owner's call with
+// that ticket.
 func (ws *waiting) notice(payload string) {
 	fields := strings.Fields(payload)
 	if len(fields) < 3 {
@@ -199,7 +221,7 @@ func (ws *waiting) notice(payload string) {
 	case "g":
 		// A hand-over to another call of the owner (an earlier one's, read
 		// late) carries another ticket.
-		if len(fields) != 6 || fields[5] != w.ticket {
+		if len(fields) != 6 || fields[5] != w.call.ticket {
 			return
 		}
 		token, err1 := strconv.ParseInt(fields[3], 10, 64)
@@ -215,6 +237,11 @@ func (ws *waiting) notice(payload string) {
 		w.head = true
 		w.notices++
 		if kind == "1" {
+			if len(fields) == 4 {
+				if ms, err := strconv.ParseInt(fields[3], 10, 64); err == nil {
+					w.notBefore = time.Now().Add(time.Duration(ms) * time.Millisecond)
+				}
+			}
 			w.signal()
 		}
 	}
@@ -228,21 +255,35 @@ func (ws *waiting) notice(payload string) {
 func (ws *waiting) attempt(ctx context.Context, w *waiter, m *Mutex) (acquireResult, error) {
 	ws.mu.Lock()
 	notices, releases := w.notices, w.releases
-	afterRelease := w.head && releases != w.releasesTried
+	var missed uint64
+	if w.head {
+		missed = releases - w.releasesTried
+	}
 	w.releasesTried = releases
 	ws.mu.Unlock()
-	res, err := ws.c.tryAcquire(ctx, m, w.key.owner, ws.c.opts.QueueTTL, afterRelease, w.ticket)
+	res, err := ws.c.tryAcquire(ctx, m, &w.call, true, missed)
 	if err == nil && !res.acquired {
-		ws.mu.Lock()
-		w.queuedSent = res.sent
-		w.lastToken = max(w.lastToken, res.token)
-		w.head = res.head || w.notices != notices
-		if w.head && w.releases != releases {
-			w.signal()
-		}
-		ws.mu.Unlock()
+		ws.record(w, res, notices, releases)
 	}
 	return res, err
+}
+
+// record notes what an attempt that left w queued told: when it was sent,
+// the holder's token, whether w heads the queue, and when the entry ahead of
+// it lapses. notices and releases are w's counts when the attempt was sent.
+func (ws *waiting) record(w *waiter, res acquireResult, notices, releases uint64) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	w.queuedSent = res.sent
+	w.lastToken = max(w.lastToken, res.token)
+	w.head = res.rank == 0 || w.notices != notices
+	w.aheadLapses = time.Time{}
+	if res.lapse >= 0 {
+		w.aheadLapses = res.sent.Add(res.lapse)
+	}
+	if w.head && w.releases != releases {
+		w.signal()
+	}
 }
 
 // takeHandover returns the hand-over w received, if any, as an acquisition.
@@ -263,56 +304,60 @@ func (ws *waiting) takeHandover(w *waiter) (res acquireResult, ok, retry bool) {
 		// have the hand-over.
 		return acquireResult{}, false, true
 	}
-	return acquireResult{acquired: true, token: h.token, sent: sent, handover: h.lease, ticket: w.ticket}, true, false
+	return acquireResult{acquired: true, token: h.token, sent: sent, handover: h.lease}, true, false
 }
 
-// wait blocks until w's owner holds the lock, after a first attempt that
-// found it taken and queued the owner: until the lock is handed over, or a
+// wait blocks until w's call holds the lock, after a first attempt that
+// found it taken and queued the call: until the lock is handed over, or a
 // retry takes it. It leaves the wait queue if it gives up, undoing a
-// hand-over that came too late.
+// hand-over that came too late. A waiter that cannot subscribe (Redis
+// unreachable, or a shard failing over) polls, and subscribes again when it
+// can.
 func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan time.Time, first acquireResult) (acquireResult, error) {
 	c := ws.c
-	ws.mu.Lock()
-	listening := w.listening
-	ws.mu.Unlock()
+	giveUp := func(err error) (acquireResult, error) { return acquireResult{}, c.giveUp(ctx, m, w, err) }
 
-	// giveUp leaves the queue, undoing a grant that came too late, so a
-	// Lock that fails, or a Client that closes, leaves nothing behind.
-	giveUp := func(err error) (acquireResult, error) {
-		leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RetryFallback)
-		defer cancel()
-		c.leaveQueue(leaveCtx, m, w)
-		return acquireResult{}, err
-	}
-
-	if !listening {
-		confirmed, err := ws.subscribe(ctx, w, &m.keys)
-		if err != nil {
-			return giveUp(err)
-		}
-		// A confirmation that does not come (a dead connection, an ACL that
-		// denies the channel) is waited for no longer than a retry would
-		// be: the waiter then polls, as it does after a missed message.
-		unconfirmed := time.NewTimer(c.fallback(0))
-		defer unconfirmed.Stop()
-		select {
-		case <-confirmed:
-		case <-unconfirmed.C:
-		case <-ctx.Done():
-			return giveUp(ctx.Err())
-		case <-bound:
-			return giveUp(ErrWaitTimeout)
-		case <-c.done:
-			return giveUp(ErrClosed)
-		}
-	}
-
-	// A retry that finds a grant to this call, a hand-over whose notice was
-	// missed or came too late, takes it.
-	res, retry := first, !listening
+	// A retry that finds the call's level in Redis, a hand-over whose
+	// notice was missed or came too late, takes it.
+	res, retry := first, false
 	sleep := time.NewTimer(0)
 	defer sleep.Stop()
 	for {
+		ws.mu.Lock()
+		subscribed := w.sub != nil && w.sub.conn != nil
+		listening := w.listening
+		ws.mu.Unlock()
+		if !subscribed || !listening {
+			confirmed, err := ws.subscribe(ctx, w, &m.keys)
+			if err != nil {
+				c.opts.Logger.Info("subscribing to a lock's channels failed; polling", "lock", w.key.name, "error", err.Error())
+			} else if !listening {
+				// A confirmation that does not come (a dead connection, an
+				// ACL that denies the channel) is waited for no longer than
+				// a retry would be: the waiter then polls, as it does after
+				// a missed message. Once listening, it tries again, since
+				// it may have missed news before.
+				unconfirmed := time.NewTimer(c.fallback(0))
+				select {
+				case <-confirmed:
+				case <-unconfirmed.C:
+				case <-ctx.Done():
+					unconfirmed.Stop()
+					return giveUp(ctx.Err())
+				case <-bound:
+					unconfirmed.Stop()
+					return giveUp(ErrWaitTimeout)
+				case <-c.done:
+					unconfirmed.Stop()
+					return giveUp(ErrClosed)
+				}
+				unconfirmed.Stop()
+				ws.mu.Lock()
+				w.listening = true
+				ws.mu.Unlock()
+				retry = true
+			}
+		}
 		handed, took, stale := ws.takeHandover(w)
 		if took {
 			if err := ctx.Err(); err != nil {
@@ -321,7 +366,10 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 			}
 			return handed, nil
 		}
-		if retry || stale {
+		ws.mu.Lock()
+		grace := time.Until(w.notBefore)
+		ws.mu.Unlock()
+		if (retry || stale) && grace <= 0 {
 			if err := c.checkOpen(); err != nil {
 				return giveUp(err)
 			}
@@ -340,7 +388,16 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 			}
 		}
 		retry = true
-		sleep.Reset(c.fallback(res.pttl))
+		nap := c.fallback(res.pttl)
+		ws.mu.Lock()
+		if !w.aheadLapses.IsZero() {
+			nap = min(nap, time.Until(w.aheadLapses)+time.Millisecond)
+		}
+		if grace > 0 {
+			nap = min(nap, grace)
+		}
+		ws.mu.Unlock()
+		sleep.Reset(max(nap, 0))
 		select {
 		case <-w.wake:
 		case <-sleep.C:
@@ -369,13 +426,4 @@ func (c *Client) fallback(pttl time.Duration) time.Duration {
 		return pttl
 	}
 	return d
-}
-
-// leaveQueue takes the owner out of the lock's wait queue, passing the head
-// position on, or undoes a hand-over to it that came too late. Best effort:
-// an entry left behind expires after QueueTTL, and a hand-over's lease is at
-// most the QueueTTL of the client that handed it over.
-func (c *Client) leaveQueue(ctx context.Context, m *Mutex, w *waiter) {
-	_ = c.scripts.leave.Run(ctx, c.rdb, m.keys.all,
-		string(w.key.owner), m.keys.noticePrefix, c.opts.QueueTTL.Milliseconds(), w.ticket).Err()
 }

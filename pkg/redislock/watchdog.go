@@ -62,20 +62,12 @@ func (c *Client) renewLeases(due []*ownership) {
 }
 
 // renewBatch renews leases in one pipelined round trip, each to its full
-// lease. A lease whose owner no longer holds the lock is lost at once; one
-// whose renewal failed keeps its deadline, and is lost when that passes.
+// lease. A lease whose ownership no longer holds the lock is lost at once,
+// unless a release of it is in flight; one whose renewal failed keeps its
+// deadline, and is lost when that passes. A renewal sent before a release
+// and run after it changes nothing (see renew.lua), so renewals and
+// releases need not wait for each other.
 func (c *Client) renewBatch(leases []*ownership) {
-	// Exclusive with Unlock: no renewal overlaps a release.
-	c.renewing.Lock()
-	defer c.renewing.Unlock()
-
-	terms := make([]time.Duration, len(leases))
-	c.mu.Lock()
-	for i, l := range leases {
-		terms[i] = l.lease
-	}
-	c.mu.Unlock()
-
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.RenewInterval)
 	defer cancel()
 	sent := make([]time.Time, len(leases))
@@ -86,13 +78,11 @@ func (c *Client) renewBatch(leases []*ownership) {
 		now := time.Now()
 		pipe := c.rdb.Pipeline()
 		for _, i := range indexes {
-			l := leases[i]
-			keys, args := []string{l.key.name}, []any{terms[i].Milliseconds(), string(l.key.owner)}
+			args := renewArgs(leases[i])
 			if eval {
-				cmds[i] = renewScript.Eval(ctx, pipe, keys, args...)
-			} else {
-				cmds[i] = renewScript.EvalSha(ctx, pipe, keys, args...)
+				args[0], args[1] = "eval", renewScript.body
 			}
+			cmds[i] = pipe.Do(ctx, args...)
 			sent[i] = now
 		}
 		_, _ = pipe.Exec(ctx) // errors are read per command below
@@ -125,11 +115,29 @@ func (c *Client) renewBatch(leases []*ownership) {
 			c.retryConfirm(l)
 		case renewed == 1:
 			c.opts.Metrics.renewed()
-			c.extend(l, sent[i], terms[i])
+			c.extend(l, sent[i], l.lease)
 		default:
-			c.end(l, ErrNotOwner)
+			c.mu.Lock()
+			releasing := l.releasing > 0
+			c.mu.Unlock()
+			if !releasing {
+				c.end(l, ErrNotOwner)
+			}
 		}
 	}
+}
+
+// renewArgs is the renewal of l's lease, as a script call's arguments.
+func renewArgs(l *ownership) []any {
+	args := scriptArgs(renewScript, l.keys.nameArgs, 3)
+	return append(args, l.ownerArg, l.tokenArg, l.leaseArg)
+}
+
+// renew renews one ownership's lease, and reports whether it still held
+// the lock.
+func (c *Client) renew(ctx context.Context, l *ownership) (bool, error) {
+	n, err := run(ctx, c.rdb, renewScript, renewArgs(l)).Int()
+	return n == 1, err
 }
 
 // extend moves l's local deadline to sent + lease - margin, unless a later

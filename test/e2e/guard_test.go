@@ -30,7 +30,7 @@ func TestJobsRunOneAtATime(t *testing.T) {
 			return jobCondition(ns, name, batchv1.JobComplete)
 		})
 	}
-	if runs := assertNoOverlap(t, ns, guarded); len(runs) != 3 {
+	if runs := checkKey(t, keyOf(ns)); len(runs) != 3 {
 		t.Fatalf("%d runs, want 3", len(runs))
 	}
 }
@@ -155,7 +155,7 @@ func finishCronJob(t *testing.T, ns string, wantRuns int) {
 		pod, err := runningPod(ns, guarded)
 		return pod == nil, err
 	})
-	if runs := assertNoOverlap(t, ns, guarded); len(runs) != wantRuns {
+	if runs := checkKey(t, keyOf(ns)); len(runs) != wantRuns {
 		t.Fatalf("%d runs, want %d", len(runs), wantRuns)
 	}
 }
@@ -185,7 +185,7 @@ func TestJobRetryAfterFailure(t *testing.T) {
 	eventually(t, 60*time.Second, "Job steady complete", func() (bool, error) {
 		return jobCondition(ns, "steady", batchv1.JobComplete)
 	})
-	if runs := assertNoOverlap(t, ns, guarded); len(runs) != 3 {
+	if runs := checkKey(t, keyOf(ns)); len(runs) != 3 {
 		t.Fatalf("%d runs, want 3: two of flaky, one of steady", len(runs))
 	}
 }
@@ -234,7 +234,7 @@ func disruptMidRun(t *testing.T, disrupt func()) {
 			return jobCondition(ns, name, batchv1.JobComplete)
 		})
 	}
-	if runs := assertNoOverlap(t, ns, guarded); len(runs) != 2 {
+	if runs := checkKey(t, keyOf(ns)); len(runs) != 2 {
 		t.Fatalf("%d runs, want 2", len(runs))
 	}
 }
@@ -259,7 +259,7 @@ func TestActiveDeadlineWhileGated(t *testing.T) {
 	eventually(t, 30*time.Second, "Job after complete", func() (bool, error) {
 		return jobCondition(ns, "after", batchv1.JobComplete)
 	})
-	runs := assertNoOverlap(t, ns, guarded)
+	runs := checkKey(t, keyOf(ns))
 	if len(runs) != 2 {
 		t.Fatalf("%d runs, want 2: holder and after; late's pod must never run", len(runs))
 	}
@@ -298,7 +298,7 @@ func TestPendingAfterUngating(t *testing.T) {
 	eventually(t, 30*time.Second, "Job waiting complete", func() (bool, error) {
 		return jobCondition(ns, "waiting", batchv1.JobComplete)
 	})
-	if runs := assertNoOverlap(t, ns, guarded); len(runs) != 1 {
+	if runs := checkKey(t, keyOf(ns)); len(runs) != 1 {
 		t.Fatalf("%d runs, want 1", len(runs))
 	}
 }

@@ -84,7 +84,7 @@ func handOverOnCompletion(b *testing.B) []time.Duration {
 			return jobCondition(ns, fmt.Sprintf("run-%02d", i), batchv1.JobComplete)
 		})
 	}
-	return gaps(b, checkedRuns(b, ns, label))
+	return gaps(b, checkKey(b, keyOf(ns)))
 }
 
 // handOverOnDeletion starts handOverSamples+1 guarded pods that run until
@@ -100,15 +100,14 @@ func handOverOnDeletion(b *testing.B) []time.Duration {
 			b.Fatal(err)
 		}
 	}
-	// The runs are judged from what the benchmark knows: a holder ran from
-	// its running stamp until its deletion was asked for, which with no
-	// grace period removes it. The pod recorder would see the removal a
-	// watch event late, later than the next pod may rightly start.
+	// A holder deleted with no grace period is gone when the API server
+	// answers: it stopped then, as far as the check goes. The pod recorder
+	// would see the removal a watch event late, later than the next pod
+	// may rightly start.
 	var samples []time.Duration
-	var runs []interval
 	holder := waitRunning(b, ns, label)
 	for range handOverSamples {
-		run := interval{pod: holder.Name, start: runningAt(b, ns, holder.Name), end: time.Now()}
+		asked := time.Now()
 		if err := clientset.CoreV1().Pods(ns).Delete(ctx, holder.Name, metav1.DeleteOptions{}); err != nil {
 			b.Fatal(err)
 		}
@@ -116,13 +115,13 @@ func handOverOnDeletion(b *testing.B) []time.Duration {
 		if _, err := clientset.CoreV1().Pods(ns).Get(ctx, holder.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			b.Fatalf("%s still there after its deletion with no grace period (err %v)", holder.Name, err)
 		}
-		runs = append(runs, run)
+		pods.declareStopped(holder.UID, asked)
 		holder = waitRunning(b, ns, label)
 		samples = append(samples, runningAt(b, ns, holder.Name).Sub(gone))
 	}
-	runs = append(runs, interval{pod: holder.Name, start: runningAt(b, ns, holder.Name)})
-	slices.SortFunc(runs, func(x, y interval) int { return x.start.Compare(y.start) })
-	checkNoOverlap(b, runs)
+	if runs := checkKey(b, keyOf(ns)); len(runs) != handOverSamples+1 {
+		b.Fatalf("%d runs, want %d", len(runs), handOverSamples+1)
+	}
 	return samples
 }
 
@@ -176,22 +175,27 @@ func gateRemoved(b *testing.B) []time.Duration {
 	return samples
 }
 
-// checkedRuns are the runs of the pods with label in ns, checked for
-// overlaps, without assertNoOverlap's log of every run.
-func checkedRuns(b *testing.B, ns, label string) []interval {
-	runs := pods.runs(b, ns, label)
-	checkNoOverlap(b, runs)
+// checkedRuns are the runs of the pods with label in ns (no lock guards
+// them), checked for overlaps.
+func checkedRuns(b *testing.B, ns, label string) []podRun {
+	runs := pods.selectRuns(b, func(pod *corev1.Pod, _ map[string]bool) bool {
+		_, ok := pod.Labels[label]
+		return pod.Namespace == ns && ok
+	}, nil)
+	for _, v := range overlaps(runs) {
+		b.Errorf("two pods ran at once: %s", v)
+	}
 	return runs
 }
 
 // gaps are the times from each run's end to the next run's start.
-func gaps(b *testing.B, runs []interval) []time.Duration {
+func gaps(b *testing.B, runs []podRun) []time.Duration {
 	if len(runs) != handOverSamples+1 {
 		b.Fatalf("%d runs, want %d", len(runs), handOverSamples+1)
 	}
 	var out []time.Duration
 	for i := 1; i < len(runs); i++ {
-		out = append(out, runs[i].start.Sub(runs[i-1].end))
+		out = append(out, runs[i].start().Sub(runs[i-1].end()))
 	}
 	return out
 }
@@ -205,10 +209,14 @@ func runningAt(b *testing.B, ns, name string) time.Time {
 			return false, err
 		}
 		s, ok := p.Annotations[plane.RunningAtAnnotation]
-		if ok {
-			at = parseStamp(b, s)
+		if !ok {
+			return false, nil
 		}
-		return ok, nil
+		at, err = time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			b.Fatalf("bad stamp %q: %v", s, err)
+		}
+		return true, nil
 	})
 	return at
 }

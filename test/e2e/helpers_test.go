@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,17 +25,33 @@ import (
 )
 
 // podRecorder remembers the last state seen of every pod, deleted ones
-// included: a pod deleted after it ran still counts for overlaps.
+// included (a pod deleted after it ran still counts for overlaps), and
+// what no single version may show any more: the lockwarden gates a pod
+// carried and the fencing tokens it was marked with.
 type podRecorder struct {
-	mu      sync.Mutex
-	last    map[types.UID]*corev1.Pod
-	ended   map[types.UID]time.Time // first seen Succeeded or Failed
-	deleted map[types.UID]time.Time
-	done    chan struct{}
+	mu   sync.Mutex
+	pods map[types.UID]*podRecord
+	done chan struct{}
+}
+
+// podRecord is what the recorder knows of one pod.
+type podRecord struct {
+	last *corev1.Pod
+	// gates are the locks (by name, in the pod's namespace) whose gate the
+	// pod carried in any version seen. A gate can only be removed after
+	// creation, never added, so this is the pod's guard as created.
+	gates map[string]bool
+	// tokens are the fencing tokens the pod was marked with, by lock name,
+	// each once, in the order seen.
+	tokens map[string][]int64
+	// ended is when the pod was first seen Succeeded or Failed, deleted
+	// when it was seen gone, stopped when the test declared its containers
+	// stopped (declareStopped).
+	ended, deleted, stopped time.Time
 }
 
 func startPodRecorder(cs kubernetes.Interface) *podRecorder {
-	r := &podRecorder{last: map[types.UID]*corev1.Pod{}, ended: map[types.UID]time.Time{}, deleted: map[types.UID]time.Time{}, done: make(chan struct{})}
+	r := &podRecorder{pods: map[types.UID]*podRecord{}, done: make(chan struct{})}
 	factory := informers.NewSharedInformerFactory(cs, 0)
 	informer := factory.Core().V1().Pods().Informer()
 	note := func(obj any, gone bool) {
@@ -47,12 +64,31 @@ func startPodRecorder(cs kubernetes.Interface) *podRecorder {
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.last[pod.UID] = pod
-		if _, seen := r.ended[pod.UID]; !seen && (pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed) {
-			r.ended[pod.UID] = time.Now()
+		rec := r.pods[pod.UID]
+		if rec == nil {
+			rec = &podRecord{gates: map[string]bool{}, tokens: map[string][]int64{}}
+			r.pods[pod.UID] = rec
+		}
+		rec.last = pod
+		for _, g := range pod.Spec.SchedulingGates {
+			if lock, ok := strings.CutPrefix(g.Name, locksv1.GatePrefix); ok {
+				rec.gates[lock] = true
+			}
+		}
+		for k, v := range pod.Annotations {
+			lock, ok := strings.CutPrefix(k, locksv1.TokenAnnotationPrefix)
+			if !ok {
+				continue
+			}
+			if token, err := strconv.ParseInt(v, 10, 64); err == nil && !slices.Contains(rec.tokens[lock], token) {
+				rec.tokens[lock] = append(rec.tokens[lock], token)
+			}
+		}
+		if rec.ended.IsZero() && (pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed) {
+			rec.ended = time.Now()
 		}
 		if gone {
-			r.deleted[pod.UID] = time.Now()
+			rec.deleted = time.Now()
 		}
 	}
 	_, _ = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -67,95 +103,215 @@ func startPodRecorder(cs kubernetes.Interface) *podRecorder {
 
 func (r *podRecorder) stop() { close(r.done) }
 
-// interval is when one pod's containers ran; end is zero while they run.
-type interval struct {
-	pod        string
-	start, end time.Time
+// declareStopped tells the recorder that the pod's containers stopped at
+// at, for a pod whose end kwok cannot play: one on a node cut off, whose
+// end an administrator declares, or one deleted with no grace period,
+// which is gone when the API server answers.
+func (r *podRecorder) declareStopped(uid types.UID, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rec := r.pods[uid]; rec != nil {
+		rec.stopped = at
+	}
 }
 
-// runs are the running intervals of the pods in namespace ns that carry
-// label, judged from the stamps kwok writes when containers start and stop
-// (RFC 3339 with nanoseconds; the status has the same instants to the
-// second). A pod with no stop stamp, whose end kwok did not play (a forced
-// deletion, or a pod on a node kwok no longer manages), stopped when it
-// was first seen Succeeded or Failed, or deleted, whichever came first:
-// the moment the API first said so, seen a little late, so the check errs
-// towards finding an overlap.
-func (r *podRecorder) runs(t testing.TB, ns, label string) []interval {
+// podRun is one pod's runs as kwok stamped them.
+type podRun struct {
+	pod  string // namespace/name
+	uid  types.UID
+	runs []plane.Run // of its containers, restarts included
+	// busy are the spans in which any of its containers ran; the last has
+	// a zero End while it runs.
+	busy []plane.Interval
+	// tokens are the fencing tokens the pod was marked with for the key.
+	tokens []int64
+}
+
+func (p podRun) start() time.Time { return p.busy[0].Start }
+
+// end is when its last container stopped; zero while one runs.
+func (p podRun) end() time.Time { return p.busy[len(p.busy)-1].End }
+
+// selectRuns are the runs of the pods that pick accepts (with the
+// locks whose gate they carried), ordered by first start; pods that never
+// ran are left out. The runs come from kwok's stamps of each container
+// start and stop (plane.Runs): what the kubelet did, nothing the
+// controller says. A run kwok did not end (a pod deleted with no grace
+// period, or on a node kwok no longer plays) ended when the test declared
+// it (declareStopped), or else when the pod was first seen Succeeded,
+// Failed or gone, a little late: the check errs towards finding an
+// overlap.
+func (r *podRecorder) selectRuns(t testing.TB, pick func(pod *corev1.Pod, gates map[string]bool) bool, tokensOf func(pod *corev1.Pod, tokens map[string][]int64) []int64) []podRun {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []interval
-	for uid, pod := range r.last {
-		if pod.Namespace != ns {
+	var out []podRun
+	for uid, rec := range r.pods {
+		if !pick(rec.last, rec.gates) {
 			continue
 		}
-		if _, ok := pod.Labels[label]; !ok {
+		runs, err := plane.Runs(rec.last)
+		if err != nil {
+			t.Errorf("kwok's run stamps cannot be read: %v", err)
 			continue
 		}
-		started, ok := pod.Annotations[plane.RunningAtAnnotation]
-		if !ok {
+		if len(runs) == 0 {
 			continue
 		}
-		iv := interval{pod: pod.Name, start: parseStamp(t, started)}
-		if stopped, ok := pod.Annotations[plane.StoppedAtAnnotation]; ok {
-			iv.end = parseStamp(t, stopped)
-		} else {
-			for _, at := range []time.Time{r.ended[uid], r.deleted[uid]} {
-				if !at.IsZero() && (iv.end.IsZero() || at.Before(iv.end)) {
-					iv.end = at
+		end := rec.stopped
+		for _, at := range []time.Time{rec.ended, rec.deleted} {
+			if end.IsZero() || (!at.IsZero() && at.Before(end)) {
+				end = at
+			}
+		}
+		for i := range runs {
+			if runs[i].End.IsZero() && !end.IsZero() {
+				runs[i].End = end
+				if end.Before(runs[i].Start) {
+					runs[i].End = runs[i].Start
 				}
 			}
 		}
-		out = append(out, iv)
+		run := podRun{pod: rec.last.Namespace + "/" + rec.last.Name, uid: uid, runs: runs, busy: plane.Busy(runs)}
+		if tokensOf != nil {
+			run.tokens = tokensOf(rec.last, rec.tokens)
+		}
+		out = append(out, run)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].start.Before(out[j].start) })
+	sort.Slice(out, func(i, j int) bool { return out[i].start().Before(out[j].start()) })
 	return out
 }
 
-func parseStamp(t testing.TB, s string) time.Time {
-	t.Helper()
-	ts, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		t.Fatalf("bad stamp %q: %v", s, err)
-	}
-	return ts
+// lockRef names a DistributedLock.
+type lockRef struct{ namespace, name string }
+
+// lockKeys maps each lock the tests made to its key, as the test wrote it
+// in the lock's spec (never read back from the controller).
+var lockKeys sync.Map // lockRef -> string
+
+// declareLock records the key of a lock a test creates.
+func declareLock(namespace, name, key string) {
+	lockKeys.Store(lockRef{namespace, name}, key)
 }
 
-// assertNoOverlap logs the runs of the pods with label in ns, fails the
-// test if two of them overlap, and returns them for further checks.
-func assertNoOverlap(t testing.TB, ns, label string) []interval {
+// guardedBy reports whether a pod with these gates is guarded by key.
+func guardedBy(namespace string, gates map[string]bool, key string) bool {
+	for lock := range gates {
+		if k, ok := lockKeys.Load(lockRef{namespace, lock}); ok && k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// keyRuns are the runs of the pods guarded by key: those that carried the
+// gate of a lock whose spec names the key.
+func (r *podRecorder) keyRuns(t testing.TB, key string) []podRun {
 	t.Helper()
-	runs := pods.runs(t, ns, label)
-	t.Logf("runs: %s", describeRuns(runs))
-	checkNoOverlap(t, runs)
+	return r.selectRuns(t,
+		func(pod *corev1.Pod, gates map[string]bool) bool { return guardedBy(pod.Namespace, gates, key) },
+		func(pod *corev1.Pod, tokens map[string][]int64) []int64 {
+			var out []int64
+			for lock, ts := range tokens {
+				if k, ok := lockKeys.Load(lockRef{pod.Namespace, lock}); ok && k == key {
+					out = append(out, ts...)
+				}
+			}
+			slices.Sort(out)
+			return slices.Compact(out)
+		})
+}
+
+// overlaps describes every pair of runs of two different pods that
+// overlap: a pod runs while any of its containers runs.
+func overlaps(runs []podRun) []string {
+	var out []string
+	for i := range runs {
+		for j := i + 1; j < len(runs); j++ {
+			for _, a := range runs[i].busy {
+				for _, b := range runs[j].busy {
+					if (a.End.IsZero() || b.Start.Before(a.End)) && (b.End.IsZero() || a.Start.Before(b.End)) {
+						out = append(out, fmt.Sprintf("%s ran %s while %s ran %s",
+							runs[j].pod, span(b), runs[i].pod, span(a)))
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func span(iv plane.Interval) string {
+	end := "on"
+	if !iv.End.IsZero() {
+		end = iv.End.Format("15:04:05.000000")
+	}
+	return iv.Start.Format("15:04:05.000000") + "-" + end
+}
+
+// tokenRegressions describes every pod of runs (ordered by first start)
+// whose fencing token is not above every token of the pods that started
+// before it: grants of one key must carry rising tokens.
+func tokenRegressions(runs []podRun) []string {
+	var out []string
+	var highest int64
+	var before podRun
+	for _, r := range runs {
+		if len(r.tokens) == 0 {
+			continue
+		}
+		if low := r.tokens[0]; low <= highest {
+			out = append(out, fmt.Sprintf("%s, which started at %s, was marked with token %d, not above token %d of %s, which started at %s",
+				r.pod, r.start().Format("15:04:05.000000"), low, highest, before.pod, before.start().Format("15:04:05.000000")))
+		}
+		if high := r.tokens[len(r.tokens)-1]; high > highest {
+			highest, before = high, r
+		}
+	}
+	return out
+}
+
+// reported holds, per test, the violations already reported, so the check
+// at a test's end does not repeat what the test itself checked.
+var reported sync.Map // test (its address) + violation -> struct{}
+
+// checkKey is the shared check of the guard's promise: it fails the test
+// on any two pods guarded by key whose runs, as kwok stamped them,
+// overlap. It returns the runs for further checks. Every test on the plane
+// ends with it for every key it made a lock for (newLock, guardKey).
+func checkKey(t testing.TB, key string) []podRun {
+	t.Helper()
+	runs := pods.keyRuns(t, key)
+	t.Logf("runs of key %s: %s", key, describeRuns(runs))
+	for _, v := range overlaps(runs) {
+		if _, dup := reported.LoadOrStore(fmt.Sprintf("%p\x00%s", t, v), struct{}{}); !dup {
+			t.Errorf("two guarded pods of key %s ran at once: %s", key, v)
+		}
+	}
 	return runs
 }
 
-// describeRuns lists the runs as "pod start-end", to the millisecond.
-func describeRuns(runs []interval) string {
-	var desc []string
-	for _, iv := range runs {
-		end := "running"
-		if !iv.end.IsZero() {
-			end = iv.end.Format("15:04:05.000")
-		}
-		desc = append(desc, fmt.Sprintf("%s %s-%s", iv.pod, iv.start.Format("15:04:05.000"), end))
+// guardKey makes the test end with checkKey for key, once per test and key.
+func guardKey(t testing.TB, key string) {
+	t.Helper()
+	if _, dup := reported.LoadOrStore(fmt.Sprintf("%p\x00guard %s", t, key), struct{}{}); dup {
+		return
 	}
-	return strings.Join(desc, ", ")
+	t.Cleanup(func() { checkKey(t, key) })
 }
 
-// checkNoOverlap fails the test if two of the runs, sorted by start,
-// overlap.
-func checkNoOverlap(t testing.TB, runs []interval) {
-	t.Helper()
-	for i := 1; i < len(runs); i++ {
-		prev, cur := runs[i-1], runs[i]
-		if prev.end.IsZero() || cur.start.Before(prev.end) {
-			t.Errorf("two guarded pods ran at once: %s started at %s while %s ran (stopped %s)",
-				cur.pod, cur.start.Format(time.RFC3339Nano), prev.pod, prev.end.Format(time.RFC3339Nano))
+// describeRuns lists the pods' runs, to the millisecond, with their
+// restarts.
+func describeRuns(runs []podRun) string {
+	var desc []string
+	for _, r := range runs {
+		var spans []string
+		for _, b := range r.busy {
+			spans = append(spans, span(b))
 		}
+		desc = append(desc, fmt.Sprintf("%s %s", r.pod, strings.Join(spans, " ")))
 	}
+	return strings.Join(desc, "; ")
 }
 
 // lockName is the name of the DistributedLock in each test's namespace, and
@@ -209,8 +365,14 @@ func newLock(t testing.TB, label string) string {
 	if err := k8s.Create(context.Background(), lock); err != nil {
 		t.Fatal(err)
 	}
+	declareLock(ns, lockName, keyOf(ns))
+	guardKey(t, keyOf(ns))
 	return ns
 }
+
+// keyOf is the key of the lock newLock makes in ns: the default,
+// <namespace>/<name>.
+func keyOf(ns string) string { return ns + "/" + lockName }
 
 func createJob(t testing.TB, ns, name string, spec batchv1.JobSpec) *batchv1.Job {
 	t.Helper()

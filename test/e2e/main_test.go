@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -109,6 +110,11 @@ func run(m *testing.M) int {
 	if err := kubectl("apply", "-f", filepath.Join("config", "rbac", "role.yaml")); err != nil {
 		return fail(err)
 	}
+	// The admission policies an install ships (config/default has them):
+	// among them, the API server refuses a stale manager's lift of a gate.
+	if err := kubectl("apply", "-k", filepath.Join("config", "admission")); err != nil {
+		return fail(err)
+	}
 	if err := kubectl("create", "clusterrolebinding", "lockwarden-manager", "--clusterrole=manager-role", "--user=lockwarden-manager"); err != nil {
 		return fail(err)
 	}
@@ -159,50 +165,72 @@ type manager struct {
 func (m *manager) start(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	cmd, exited, probe, err := spawnManager(nil, []string{m.bin, "--kubeconfig", m.kubeconfig}, []string{"REDIS_URL=" + m.redisURL}, m.log, nil)
 	if err != nil {
 		return err
+	}
+	m.cmd, m.exited = cmd, exited
+	return waitHealthy(ctx, "http://"+probe+"/readyz", exited, "the manager", m.log)
+}
+
+// spawnManager starts the manager, command (its binary and first
+// arguments) run through wrapper if given (a command that ends by exec'ing
+// it), with the metrics endpoint off and its probes on a free loopback
+// port, which it returns; its output is appended to logPath, and env added
+// to the test's environment. exited closes once it has exited and onExit,
+// if set, has been called with its exit.
+func spawnManager(wrapper, command, env []string, logPath string, onExit func(*exec.Cmd, error)) (*exec.Cmd, chan struct{}, string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, "", err
 	}
 	probe := net.JoinHostPort("127.0.0.1", strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
 	l.Close()
-	log, err := os.OpenFile(m.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return err
+		return nil, nil, "", err
 	}
 	defer log.Close()
-	cmd := exec.Command(m.bin,
-		"--kubeconfig", m.kubeconfig,
-		"--metrics-bind-address", "0",
-		"--health-probe-bind-address", probe,
-	)
-	cmd.Env = append(os.Environ(), "REDIS_URL="+m.redisURL)
+	args := append(append(slices.Clone(wrapper), command...), "--metrics-bind-address", "0", "--health-probe-bind-address", probe)
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return err
+		return nil, nil, "", err
 	}
 	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	m.cmd, m.exited = cmd, exited
+	go func() {
+		err := cmd.Wait()
+		if onExit != nil {
+			onExit(cmd, err)
+		}
+		close(exited)
+	}()
+	return cmd, exited, probe, nil
+}
 
+// waitHealthy polls url until it answers 200, for up to 30s; who names the
+// process in errors, with the last lines of its log.
+func waitHealthy(ctx context.Context, url string, exited <-chan struct{}, who, logPath string) error {
 	hc := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		select {
 		case <-exited:
-			return fmt.Errorf("the manager exited at start-up:\n%s", tailFile(m.log, 40))
+			return fmt.Errorf("%s exited at start-up:\n%s", who, tailFile(logPath, 40))
 		case <-ctx.Done():
 			return ctx.Err()
 		default:
 		}
-		if resp, err := hc.Get("http://" + probe + "/readyz"); err == nil {
+		if resp, err := hc.Get(url); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the manager was not ready within 30s:\n%s", tailFile(m.log, 40))
+			return fmt.Errorf("%s did not answer %s within 30s:\n%s", who, url, tailFile(logPath, 40))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -129,16 +129,22 @@ func allowed(ctx context.Context, user, ns, verb string) (bool, error) {
 
 func readClusterRole(t *testing.T, file string) *rbacv1.ClusterRole {
 	t.Helper()
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
 	role := &rbacv1.ClusterRole{}
-	if err := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096).Decode(role); err != nil && !errors.Is(err, io.EOF) {
-		t.Fatalf("%s: %v", file, err)
-	}
+	decodeFile(t, file, role)
 	if role.Name == "" || len(role.Labels) == 0 {
 		t.Fatalf("%s: no ClusterRole with aggregation labels", file)
 	}
 	return role
+}
+
+// decodeFile decodes the first object of a YAML (or JSON) file into obj.
+func decodeFile(t *testing.T, file string, obj any) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096).Decode(obj); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatalf("%s: %v", file, err)
+	}
 }

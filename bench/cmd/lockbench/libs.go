@@ -22,7 +22,7 @@ const peerTTL = 10 * time.Second
 func bsmRetry() bsm.RetryStrategy { return bsm.LinearBackoff(time.Millisecond) }
 
 const bsmRetryDesc = "bsm/redislock Obtain with RetryStrategy LinearBackoff(1ms), TTL 10s (Obtain gives up after the TTL; the caller retries)"
-const redsyncDesc = "redsync v4 single pool (goredis/v9), default retry policy (32 tries, random 50–250 ms delay; each failed try also sends the release script), expiry 10s (LockContext returns ErrFailed after 32 tries; the caller retries)"
+const redsyncDesc = "redsync v4 single pool (goredis/v9), tuned to its best: WithRetryDelay(1ms), WithTries(1000) (each failed try also sends the release script), expiry 10s (LockContext returns ErrFailed after 1000 tries; the caller retries)"
 const oursDesc = "lockwarden Mutex.Lock (FIFO wait queue; the release hands the lock to the head of the queue and tells it on its pub/sub notice channel), default Options (watchdog lease 30s)"
 
 // locker is one owner's handle on one lock name.
@@ -92,7 +92,8 @@ type redsyncLocker struct{ m *redsync.Mutex }
 func newRedsync(rdb *redis.Client) (func(string) (locker, error), func(), error) {
 	rs := redsync.New(goredis.NewPool(rdb))
 	return func(name string) (locker, error) {
-		return &redsyncLocker{m: rs.NewMutex(name, redsync.WithExpiry(peerTTL))}, nil
+		return &redsyncLocker{m: rs.NewMutex(name, redsync.WithExpiry(peerTTL),
+			redsync.WithRetryDelay(time.Millisecond), redsync.WithTries(1000))}, nil
 	}, func() {}, nil
 }
 

@@ -49,6 +49,7 @@ type config struct {
 	hold      time.Duration
 	think     time.Duration
 	contended time.Duration // per library, split over rounds
+	mixed     time.Duration // the mixed fleet's measured time
 	rounds    int
 	warmup    time.Duration
 
@@ -101,6 +102,7 @@ func parseFlags() config {
 	flag.DurationVar(&cfg.think, "think", 500*time.Microsecond, "contended: pause after each release")
 	flag.DurationVar(&cfg.contended, "contended", 15*time.Second, "contended: measured time per library, split over -rounds")
 	flag.IntVar(&cfg.rounds, "rounds", 3, "contended: rounds; each round runs every library once, in rotating order")
+	flag.DurationVar(&cfg.mixed, "mixed", 10*time.Second, "mixed fleet (4 lockwarden and 4 Redisson-script clients on one lock, one CPU burner per core): measured time")
 	flag.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "contended: unmeasured warm-up before each run's window")
 	flag.IntVar(&cfg.locks, "locks", 10000, "locks held by one client in the watchdog scenario")
 	flag.DurationVar(&cfg.lease, "lease", 3*time.Second, "watchdog scenario: lockwarden WatchdogLease")
@@ -127,6 +129,7 @@ func parseFlags() config {
 		def("pairs", func() { cfg.pairs = 500 })
 		def("notices", func() { cfg.notices = 1500 })
 		def("contended", func() { cfg.contended = 2 * time.Second })
+		def("mixed", func() { cfg.mixed = 3 * time.Second })
 		def("rounds", func() { cfg.rounds = 1 })
 		def("warmup", func() { cfg.warmup = 300 * time.Millisecond })
 		def("locks", func() { cfg.locks = 2000 })
@@ -141,8 +144,8 @@ func (cfg config) validate() error {
 		return errors.New("-pings, -pairs and -notices must be at least 1")
 	case cfg.clients < 2:
 		return errors.New("-clients must be at least 2")
-	case cfg.rounds < 1 || cfg.contended <= 0:
-		return errors.New("-rounds must be at least 1 and -contended above 0")
+	case cfg.rounds < 1 || cfg.contended <= 0 || cfg.mixed <= 0:
+		return errors.New("-rounds must be at least 1, and -contended and -mixed above 0")
 	case cfg.locks < 10:
 		return errors.New("-locks must be at least 10")
 	case !validLease(cfg.lease) || !validLease(cfg.scaleLease):
@@ -279,10 +282,16 @@ func runCompare(ctx context.Context, cfg config, srv *redisServer, admin *redis.
 		}
 	}
 
+	progress("mixed fleet: 4 lockwarden and 4 Redisson-script clients on one lock, %d CPU burners, %v", runtime.NumCPU(), cfg.mixed)
+	mixed, err := runMixed(ctx, cfg, srv.Addr)
+	if err != nil {
+		return report{}, fmt.Errorf("mixed fleet: %w", err)
+	}
+
 	progress("%d locks: lockwarden watchdog (lease %v, renew every %v, %d intervals observed); peers' Extend/Refresh pass", cfg.locks, cfg.lease, cfg.interval, cfg.intervals)
 	many, err := runMany(ctx, cfg, srv.Addr, admin)
 	if err != nil {
 		return report{}, fmt.Errorf("many locks: %w", err)
 	}
-	return buildReport(cfg, srv, probe, unc, cont, notices, many), nil
+	return buildReport(cfg, srv, probe, unc, cont, notices, many, mixed), nil
 }

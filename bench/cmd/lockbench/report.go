@@ -13,6 +13,12 @@ import (
 // higher throughput, for the uncontended pair the peer with the lower median
 // pair latency.
 const (
+	targetPairVsPeer  = 1.10                  // uncontended pair ≤ 1.10 × the fastest peer's
+	targetPairCmds    = 9                     // Redis commands per uncontended pair, script-internal included
+	targetPerScript   = 10 * time.Microsecond // Redis execution time per script call
+	targetPairAllocs  = 30                    // Go heap allocations per uncontended pair
+	targetAcqCmds     = 20                    // Redis commands per contended acquisition, script-internal included
+	targetMixedShare  = 0.40                  // Redisson side's share in the mixed fleet
 	targetVsBestPeer  = 2.5                   // contended throughput ≥ 2.5 × the best peer's
 	targetOfLimit     = 0.90                  // contended throughput ≥ 90% of the limit row
 	targetP99Frac     = 0.1                   // contended wait p99 ≤ 1/10 of the best peer's
@@ -32,7 +38,7 @@ type row struct {
 	target, verdict  string
 }
 
-func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontendedResult, cont map[string]*contendedResult, notices *noticeResult, many *manyResult) report {
+func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontendedResult, cont map[string]*contendedResult, notices *noticeResult, many *manyResult, mixed *mixedResult) report {
 	var (
 		rows   []row
 		missed int
@@ -69,10 +75,24 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 		}
 	}
 	ourPair, peerPair := pair("lockwarden"), pair(pairPeer)
+	perScript := func(n string) string {
+		if unc.scriptCall[n] == 0 {
+			return "no scripts"
+		}
+		return fmt.Sprintf("%s (%.0f calls)", fmtDur(unc.perScript[n]), unc.scriptCall[n])
+	}
 	rows = append(rows,
 		row{"uncontended Lock+Unlock", "pair latency, median", per(func(n string) string { return fmtDur(pair(n)) }),
-			fmt.Sprintf("≤ best peer's (%s: %s)", pairPeer, fmtDur(peerPair)),
-			verdict(ourPair <= peerPair, fmt.Sprintf("%s, %s %s's", fmtDur(ourPair), ratio(float64(ourPair), float64(peerPair)), pairPeer))},
+			fmt.Sprintf("≤ %.2f × fastest peer's (%s: %s) = %s", targetPairVsPeer, pairPeer, fmtDur(peerPair), fmtDur(time.Duration(targetPairVsPeer*float64(peerPair)))),
+			verdict(float64(ourPair) <= targetPairVsPeer*float64(peerPair), fmt.Sprintf("%s, %s %s's", fmtDur(ourPair), ratio(float64(ourPair), float64(peerPair)), pairPeer))},
+		row{"uncontended Lock+Unlock", "Redis commands per pair, script-internal included (INFO commandstats)",
+			per(func(n string) string { return fmt.Sprintf("%.2f", unc.redisCmds[n]) }),
+			fmt.Sprintf("≤ %d", targetPairCmds), verdict(unc.redisCmds["lockwarden"] <= targetPairCmds, fmt.Sprintf("%.2f", unc.redisCmds["lockwarden"]))},
+		row{"uncontended Lock+Unlock", "Redis execution time per script call (commandstats usec / calls)", per(perScript),
+			fmt.Sprintf("≤ %s", fmtDur(targetPerScript)), verdict(unc.perScript["lockwarden"] <= targetPerScript, fmtDur(unc.perScript["lockwarden"]))},
+		row{"uncontended Lock+Unlock", "Go heap allocations per pair (testing.AllocsPerRun)",
+			per(func(n string) string { return fmt.Sprintf("%.0f", unc.allocs[n]) }),
+			fmt.Sprintf("≤ %d", targetPairAllocs), verdict(unc.allocs["lockwarden"] <= targetPairAllocs, fmt.Sprintf("%.0f", unc.allocs["lockwarden"]))},
 		row{"uncontended Lock+Unlock", "pair / RTT", per(func(n string) string { return fmt.Sprintf("%.2f", float64(pair(n))/float64(rtt)) }), "—", "—"},
 		row{"uncontended Lock+Unlock", "the same round trips with empty scripts (the design's floor) / RTT", per(func(n string) string {
 			return fmt.Sprintf("%.2f", float64(unc.shapes[n].pct(50))/float64(rtt))
@@ -156,8 +176,8 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 		row{sc, "commands sent per acquisition", per(func(n string) string { return fmt.Sprintf("%.2f", c(n).cmdsPerAcq()) }), "—", "—"},
 		row{sc, "Redis commands per acquisition, inside scripts included (INFO commandstats)" + srvCmdsNote,
 			per(func(n string) string { return fmt.Sprintf("%.2f", srvCmds(n)) }),
-			fmt.Sprintf("≤ best peer's (%s: %.2f)", best, srvCmds(best)),
-			verdict(ours.acquisitions > 0 && c(best).acquisitions > 0 && srvCmds("lockwarden") <= srvCmds(best),
+			fmt.Sprintf("≤ %d", targetAcqCmds),
+			verdict(ours.acquisitions > 0 && srvCmds("lockwarden") <= targetAcqCmds,
 				fmt.Sprintf("%.2f, %s %s's", srvCmds("lockwarden"), ratio(srvCmds("lockwarden"), srvCmds(best)), best))},
 		row{sc, "handoff gap per acquisition (1/throughput − hold), in idle PING RTTs", per(func(n string) string {
 			r := c(n)
@@ -183,6 +203,23 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 		}), "0 violations, 0 errors", verdict(ours.violations == 0 && ours.errors == 0,
 			fmt.Sprintf("%d violations, %d errors", ours.violations, ours.errors))},
 	)
+
+	// Mixed fleet.
+	if mixed != nil {
+		ms := fmt.Sprintf("mixed fleet: %d lockwarden + %d Redisson-script clients, %d CPU burners", mixed.perSide, mixed.perSide, mixed.burners)
+		total := mixed.ours + mixed.theirs
+		share := 0.0
+		if total > 0 {
+			share = float64(mixed.theirs) / float64(total)
+		}
+		rows = append(rows,
+			row{ms, "acquisitions: lockwarden / Redisson side", [3]string{fmt.Sprintf("%s / %s", fmtInt(mixed.ours), fmtInt(mixed.theirs)), "—", "—"}, "—", "—"},
+			row{ms, "Redisson side's share", [3]string{pct(share), "—", "—"},
+				fmt.Sprintf("≥ %.0f%%", targetMixedShare*100), verdict(total > 0 && share >= targetMixedShare && mixed.overlaps == 0,
+					fmt.Sprintf("%s, %d overlaps", pct(share), mixed.overlaps))},
+			row{ms, "exclusion violations / errors", [3]string{fmt.Sprintf("%d / %d", mixed.overlaps, mixed.errors), "—", "—"}, "0", "—"},
+		)
+	}
 
 	// Many locks.
 	ms := fmt.Sprintf("%s locks, one client", fmtInt(int64(many.n)))
@@ -276,8 +313,15 @@ func buildReport(cfg config, srv *redisServer, probe probeResult, unc *uncontend
 
 	// Footnotes.
 	b.WriteString("\nHow this was measured:\n\n")
-	fmt.Fprintf(&b, "- Floor and uncontended: %s PINGs and %s Lock+Unlock pairs per library on one lock name, each series on its own go-redis client, interleaved one sample at a time in rotating order so noise hits all alike. lockwarden: Mutex.Lock and Hold.Unlock with the default watchdog lease; redsync: LockContext/UnlockContext, expiry 10s; bsm: Obtain/Release, TTL 10s. Commands and Redis execution time per pair come from a separate batch of %s pairs per library, one library at a time (execution time = INFO commandstats usec of the commands the client sent; a script's time includes the calls it makes). The design's floor: each library's Lock+Unlock commands with the same keys and arguments but every script replaced by an empty one (lockwarden: two EVALSHAs of 6 keys each, the last a request latch under a new request ID, with 7 and 6 arguments; the peers: SET PX and one EVALSHA), interleaved with the pairs on its own go-redis client.\n",
-		fmtInt(int64(cfg.pings)), fmtInt(int64(cfg.pairs)), fmtInt(int64(unc.numPairs["lockwarden"])))
+	fmt.Fprintf(&b, "- Floor and uncontended: %s PINGs and %s Lock+Unlock pairs per library on one lock name, each series on its own go-redis client, interleaved one sample at a time in rotating order so noise hits all alike. lockwarden: Mutex.Lock and Hold.Unlock with the default watchdog lease; redsync: LockContext/UnlockContext, expiry 10s; bsm: Obtain/Release, TTL 10s. Commands and Redis execution time per pair come from a separate batch of %s pairs per library, one library at a time (execution time = INFO commandstats usec of the commands the client sent; a script's time includes the calls it makes). The design's floor: each library's Lock+Unlock commands with the same keys and arguments but every script replaced by an empty one (lockwarden: take.lua's EVALSHA with 4 keys and 3 arguments, then unlock.lua's with 2 and 2; the peers: SET PX and one EVALSHA), interleaved with the pairs on its own go-redis client. Redis commands per pair = every call in the batch's INFO commandstats delta, script-internal ones included, less the harness's INFO; execution time per script call = the EVALSHA and EVAL usec over their calls in that delta. Allocations per pair = testing.AllocsPerRun over another %s pairs (the process's heap allocations, GOMAXPROCS 1 while it runs).\n",
+		fmtInt(int64(cfg.pings)), fmtInt(int64(cfg.pairs)), fmtInt(int64(unc.numPairs["lockwarden"])), fmtInt(int64(unc.numPairs["lockwarden"])))
+	if mixed != nil {
+		fmt.Fprintf(&b, "- Mixed fleet: %d lockwarden clients (Mutex.Lock, default Options) and %d clients running Redisson's own RLock scripts (tryLockInnerAsync, unlockInnerAsync; they wait subscribed to the lock's channel and try on each message or when the holder's lease would end), each on its own go-redis client, on one lock: hold %v, think %v, for %v after a %v warm-up, while %d goroutines spin on the CPUs. Acquisitions are counted per side inside the window; an overlap is an acquisition that found another side's holder inside.\n",
+			mixed.perSide, mixed.perSide, cfg.hold, cfg.think, mixed.window, cfg.warmup, mixed.burners)
+		if mixed.firstErr != "" {
+			notes = append(notes, fmt.Sprintf("- mixed fleet errors: %d, first: %s\n", mixed.errors, mixed.firstErr))
+		}
+	}
 	fmt.Fprintf(&b, "- Contended: %d goroutines, each with its own go-redis client and lock client, on one lock name: acquire (blocking), hold %v, release, think %v. %v measured per library in %d round(s) with rotating order, each after a %v unmeasured warm-up (dial, script load, SUBSCRIBE). Wait = start of the acquire call to its return (for the peers, across the caller's retries when the library gives up). Holds/thinks use nanosleep + spin (Go's time.Sleep rounds sub-ms sleeps up to ~1 ms); measured hold median: %s.\n",
 		cfg.clients, cfg.hold, cfg.think, cfg.contended, cfg.rounds, cfg.warmup, holdMedian(cont))
 	fmt.Fprintf(&b, "  - lockwarden: %s.\n  - redsync: %s.\n  - bsm: %s.\n", oursDesc, redsyncDesc, bsmRetryDesc)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,6 +24,14 @@ type uncontendedResult struct {
 	numPairs map[string]int
 	server   map[string]time.Duration // Redis execution time per pair
 	cpu      map[string]time.Duration // this process's CPU per pair
+	// Per library: Redis commands per pair, script-internal included
+	// (INFO commandstats), Redis execution time per script call
+	// (EVALSHA/EVAL usec over their calls) and Go heap allocations per
+	// pair (testing.AllocsPerRun).
+	redisCmds  map[string]float64
+	perScript  map[string]time.Duration
+	allocs     map[string]float64
+	scriptCall map[string]float64 // script calls per pair
 }
 
 func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.Client) (*uncontendedResult, error) {
@@ -97,8 +106,12 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 		shapes:   make(map[string]durations),
 		sent:     make(map[string]sent),
 		numPairs: make(map[string]int),
-		server:   make(map[string]time.Duration),
-		cpu:      make(map[string]time.Duration),
+		server:     make(map[string]time.Duration),
+		cpu:        make(map[string]time.Duration),
+		redisCmds:  make(map[string]float64),
+		perScript:  make(map[string]time.Duration),
+		allocs:     make(map[string]float64),
+		scriptCall: make(map[string]float64),
 	}
 
 	// Latency: PINGs, pairs and shapes interleaved one by one, in a new
@@ -172,6 +185,24 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 		res.numPairs[e.lib.name] = batch
 		res.sent[e.lib.name] = measureSent(h, d)
 		res.server[e.lib.name] = serverTime(h, d) / time.Duration(batch)
+		res.redisCmds[e.lib.name] = float64(d.calls()) / float64(batch)
+		if evals := d.evals(); evals > 0 {
+			usec := d["evalsha#usec"] + d["eval#usec"] + d["evalsha_ro#usec"] + d["eval_ro#usec"]
+			res.perScript[e.lib.name] = time.Duration(float64(usec) / float64(evals) * float64(time.Microsecond))
+			res.scriptCall[e.lib.name] = float64(evals) / float64(batch)
+		}
+		// Allocations: testing.AllocsPerRun counts the process's heap
+		// allocations (runtime MemStats.Mallocs) over the runs, with
+		// GOMAXPROCS 1; nothing else of the harness runs meanwhile.
+		var pairErr error
+		res.allocs[e.lib.name] = testing.AllocsPerRun(batch, func() {
+			if _, err := pair(e.l); err != nil && pairErr == nil {
+				pairErr = err
+			}
+		})
+		if pairErr != nil {
+			return nil, fmt.Errorf("%s: %w", e.lib.name, pairErr)
+		}
 	}
 	return res, nil
 }
@@ -215,28 +246,20 @@ var shapes = map[string]func(ctx context.Context, rdb *redis.Client) error{
 	"lockwarden": func(ctx context.Context, rdb *redis.Client) error {
 		const name = "lockbench:shape:lockwarden"
 		const tag = "{" + name + "}"
-		// KEYS: the lock's five keys, then the request's latch, under a new
-		// request ID for each call (see pkg/redislock/scripts/lib.lua).
-		keys := func() []string {
-			return []string{name, "redisson_lock__channel:" + tag, "redisson_lock_token:" + tag,
-				"lockwarden_lock_queue:" + tag, "lockwarden_lock_queue_entry:" + tag,
-				"lockwarden_lock_request:" + tag + ":" + newRequestID()}
-		}
+		// An uncontended Lock of a new owner runs take.lua, with the lock's
+		// hash, counter, queue and record of finished calls, and its Unlock
+		// unlock.lua, with the hash and the release channel (see
+		// pkg/redislock/scripts).
 		const clientID = "6f1ed002-ab5d-4b2f-9c3a-1c8a2e3d4f5a"
-		const owner, prefix = clientID + ":1", "lockwarden_lock__notice:" + tag + ":"
-		// Default Options: watchdog lease 30s, queue TTL 5s; the latch TTL
-		// lockwarden derives from go-redis's default options (4 tries of 5s
-		// read + 5s write + 1s backoff) plus the queue TTL.
-		const lease, queueTTL, latchTTL = 30000, 5000, 49000
-		// acquire.lua: lease, owner, queue TTL, notice prefix, latch TTL,
-		// client ID, after a release message, the call's ticket.
-		ticket := newRequestID()
-		if err := emptyScript.Run(ctx, rdb, keys(), lease, owner, queueTTL, prefix, latchTTL, clientID, false, ticket).Err(); err != nil {
+		owner := clientID + ":" + newRequestID()
+		// take.lua: owner, client clock, lease terms (the default 30s
+		// watchdog lease).
+		take := []string{name, "redisson_lock_token:" + tag, "lockwarden_lock_queue:" + tag, "lockwarden_lock_done:" + tag}
+		if err := emptyScript.Run(ctx, rdb, take, owner, time.Now().UnixMicro(), "30000w").Err(); err != nil {
 			return err
 		}
-		// release.lua: owner, lease, notice prefix, hand-over lease (the
-		// queue TTL), latch TTL, the call's ticket, the fencing token.
-		return emptyScript.Run(ctx, rdb, keys(), owner, lease, prefix, queueTTL, latchTTL, ticket, int64(1795458593061553)).Err()
+		// unlock.lua: owner, the ownership's token and terms.
+		return emptyScript.Run(ctx, rdb, []string{name, "redisson_lock__channel:" + tag}, owner, "1795458593061553 30000w").Err()
 	},
 	"redsync":       setThenScript("lockbench:shape:redsync"),
 	"bsm/redislock": setThenScript("lockbench:shape:bsm"),

@@ -1,98 +1,151 @@
--- acquire: take or re-enter the lock for one owner, or queue it. KEYS: see
--- lib.lua, with the request's latch as KEYS[6].
+-- acquire: take the lock for an owner, re-enter it, or queue the call.
+-- KEYS: see lib.lua. (The uncontended Lock of an owner of its own first
+-- tries take.lua, which is cheaper to call.)
 --
--- ARGV[1] lease in ms
--- ARGV[2] owner ID
--- ARGV[3] queue TTL in ms; 0 means do not queue (TryLock without waiting)
--- ARGV[4] notice channel prefix
--- ARGV[5] how long the request's latch is kept, in ms
--- ARGV[6] the client ID whose notice channel reaches the owner
--- ARGV[7] '1' when the attempt follows a release message: the lock was freed
--- ARGV[8] the ticket of the Lock call, '' for one that does not wait: a grant
---         to the call's ticket (see lib.lua) is taken instead of counting a
---         new level, whichever of the call's attempts finds it
+-- ARGV[1] owner ID
+-- ARGV[2] the call's ticket: the same for every request of one Lock call
+-- ARGV[3] the calling client's clock, microseconds: a new ownership's token
+--         if above the counter (see next_token)
+-- ARGV[4] lease terms (see '~t' in lib.lua)
+-- ARGV[5] the client's queue TTL, ms; 0 for a call that does not wait
+--         (TryLock(ctx, 0)): it takes a lock it finds free, whoever queues,
+--         as Redisson's tryLock does, and otherwise queues nothing
+-- ARGV[6] the client ID, which names its notice channel
+-- ARGV[7] how many release messages the head of the queue heard since its
+--         last attempt: each was a race it did not win (see races)
 --
--- Returns {1, token, count} when the owner holds the lock (count is its
--- reentry count), or {0, pttl, isHead, token} when it does not. pttl is the
--- lock's remaining lease in ms, 0 when the lock is free but reserved for the
--- waiter at the head of the queue, -1 when the lock has no expiry; token is the
--- latest token taken, so the waiter can tell a hand-over to it now (a higher
--- token) from the notice of an earlier one that arrives late. A re-entry
--- answers token 0 if the counter expired (see token_retention): the holder
--- keeps the token it has. Only a taken lock is latched: queueing again is
--- harmless.
-local lease, owner, queueTTL, latchTTL = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
+-- Returns the ownership's token (above 0) when the owner holds the lock with
+-- a level for the call; -1 when the owner holds it under other lease terms;
+-- -2 when the call is finished (see KEYS[6]); or, when the owner must wait,
+-- {pttl, rank, token, lapse}: the lock's remaining lease in ms, or for a
+-- lockwarden holder at most that (its lease); 0 when it is free but the
+-- queue's head may take it first, or for how long the head leaves it to
+-- others; -1 when it has no expiry; the call's place in the
+-- queue from 0 (-1: not queued), the holder's token (0 if not lockwarden's),
+-- and in ms how soon the entry ahead of a call second in line lapses if its
+-- waiter does not refresh it (-1 otherwise).
+local owner, ticket, terms = ARGV[1], ARGV[2], ARGV[4]
+local lease = string.match(terms, '^(%d+)')
 
-local function took(token, count)
-  latch(string.format('%d %d', token, count), latchTTL)
-  return {1, token, count}
-end
+-- @lib
+use_clock(ARGV[3])
 
-local present = redis.call('exists', KEYS[1], KEYS[4])
-if present == 0 then
-  -- The uncontended case: a free lock and nobody queued.
-  redis.call('hset', KEYS[1], owner, 1)
-  redis.call('pexpire', KEYS[1], lease)
-  return took(next_token(), 1)
-end
-
-if redis.call('hexists', KEYS[1], owner) == 1 then
-  local done = latched()
-  if done then
-    -- This request ran before and its reply was lost.
-    local token, count = string.match(done, '^(%d+) (%d+)$')
-    return {1, tonumber(token), tonumber(count)}
+local f = redis.call('hmget', KEYS[1], owner, '~t', '~h' .. ticket, '~q')
+if f[1] then
+  local mine = level(f[3], owner, ticket)
+  if mine then
+    -- The call's level is there: an earlier send of this request took it,
+    -- or a release handed the lock to the call, with a lease that may be
+    -- short (see free_lock) and started before this request was sent. The
+    -- lease is renewed, so that it lasts from this request on: the client
+    -- counts from its send. A level already undone is left alone.
+    if mine == 'live' then
+      redis.call('pexpire', KEYS[1], lease)
+    end
+    return token_of(f[2]) or 0
   end
-  local count
-  if ARGV[8] ~= '' and granted(owner, ARGV[8]) then
-    -- The waiter takes the lock given to it: the level the grant made.
-    redis.call('hdel', KEYS[5], owner)
-    count = tonumber(redis.call('hget', KEYS[1], owner))
-  else
-    -- Re-entry. It keeps the token of the current ownership: nobody else can
-    -- have taken a token since, because nobody else held the lock.
-    count = redis.call('hincrby', KEYS[1], owner, 1)
+  if finished(ticket) then
+    return -2
   end
+  if terms_of(f[2]) ~= terms then
+    return -1
+  end
+  -- A re-entry: it keeps the ownership's token.
+  redis.call('hincrby', KEYS[1], owner, 1)
+  redis.call('hset', KEYS[1], '~h' .. ticket, '1')
   redis.call('pexpire', KEYS[1], lease)
-  return took(current_token(), count)
+  return token_of(f[2]) or 0
 end
 
--- Held by another owner, or free with a queue: PTTL tells which (-2, no
--- hash), and is part of the reply when the owner must wait.
-local pttl = redis.call('pttl', KEYS[1])
-if pttl == -2 then
-  -- Free, and only the live head of the queue (if any is left) may take it.
+-- A lockwarden holder's terms bound what is left of its lease, which the
+-- caller only needs as a bound on how long to sleep; anyone else's is read.
+local pttl = tonumber(lease_of(terms_of(f[2]) or '') or '')
+if not pttl then
+  pttl = redis.call('pttl', KEYS[1])
+end
+local held = pttl ~= -2
+if not held then
+  -- Free, with a queue or finished calls: the live head of the queue takes
+  -- it, or anyone if nobody is queued, or a call that does not wait. After
+  -- a race (see races in lib.lua), the head leaves it to others for a
+  -- moment: pttl tells it how long.
   pttl = 0
-  local head, _, _, ticket = live_head()
-  -- The head's own call takes it; another call of the same owner (a TryLock,
-  -- or another client's Lock) waits its turn like anyone else's.
-  if not head or (head == owner and ARGV[8] ~= '' and ticket == ARGV[8]) then
-    redis.call('hset', KEYS[1], owner, 1)
-    redis.call('pexpire', KEYS[1], lease)
-    local token = next_token()
-    if head then
-      redis.call('zrem', KEYS[4], owner)
-      grant(owner, token, ARGV[8])
-      local next, _, client = live_head()
-      if next then
-        notify(ARGV[4], client, next, '0')
+  local head, _, headTicket = live_head()
+  local mine = head == owner and headTicket == ticket
+  if mine then
+    -- (At most race_grace: the release's clock may be ahead of this one.)
+    local grace = (tonumber(redis.call('hget', KEYS[5], '~grace') or '') or 0) - now_ms()
+    if grace > 0 then
+      mine, pttl = false, math.min(grace, race_grace)
+    end
+  end
+  if not head or mine or ARGV[5] == '0' then
+    if finished(ticket) then
+      return -2
+    end
+    if mine then
+      dequeue(owner)
+      if tonumber(ARGV[7]) > 1 then
+        -- It heard of releases before this one: someone else took the
+        -- lock after each (see races).
+        redis.call('hincrby', KEYS[5], '~owed', ARGV[7] - 1)
       end
     end
-    return took(token, 1)
+    local token = next_token(now_text())
+    local fields = {owner, '1', '~t', token .. ' ' .. terms}
+    if ticket ~= owner then
+      fields[#fields + 1], fields[#fields + 2] = '~h' .. ticket, '1'
+    end
+    local queued = redis.call('exists', KEYS[4]) == 1
+    if queued then
+      fields[#fields + 1], fields[#fields + 2] = '~q', '1'
+    end
+    redis.call('hset', KEYS[1], unpack(fields))
+    redis.call('pexpire', KEYS[1], lease)
+    if mine and queued then
+      redis.call('hdel', KEYS[5], '~racing')
+      tell_head(notice_prefix())
+    end
+    return tonumber(token)
   end
 end
 
-if queueTTL > 0 then
-  enqueue(owner, lease, queueTTL, ARGV[6], ARGV[8])
+-- Held by another owner, or free for the head of the queue: wait.
+local foreign = held and not f[2]
+local ttl = tonumber(ARGV[5])
+if ttl == 0 then
+  return {pttl, -1, token_of(f[2]) or 0, -1}
 end
-local isHead = 0
-if redis.call('zrange', KEYS[4], 0, 0)[1] == owner then
-  isHead = 1
-  if ARGV[7] == '1' and pttl > 0 then
-    -- The head tried on a release message and found the lock taken: only a
-    -- client outside the queue takes a free lock, so the head lost a race
-    -- to one, and the queue is owed a turn (see free_lock).
-    redis.call('hincrby', KEYS[5], '~owed', 1)
+local now = now_ms()
+redis.call('zadd', KEYS[4], 'nx', now_us(), owner)
+redis.call('hset', KEYS[5], owner, string.format('%d %s %d %s %s %s', now + ttl, lease, ttl, ARGV[6], ticket, terms))
+-- Both queue keys live two queue TTLs past the last refresh, and no waiter
+-- shortens what another's refresh set.
+local left = redis.call('pttl', KEYS[4])
+if left < 3 * ttl / 2 then
+  redis.call('pexpire', KEYS[4], 2 * ttl)
+  if redis.call('pttl', KEYS[5]) < 2 * ttl then
+    redis.call('pexpire', KEYS[5], 2 * ttl)
   end
 end
-return {0, pttl, isHead, current_token()}
+if held and not foreign and not f[4] then
+  redis.call('hset', KEYS[1], '~q', '1')
+end
+if foreign then
+  redis.call('hset', KEYS[5], '~foreign', now, '~probe', string.format('%d %d', now, probe_first / 2))
+end
+local rank = redis.call('zrank', KEYS[4], owner)
+local lapse = -1
+if rank == 0 and foreign and (ARGV[7] ~= '0' or redis.call('hget', KEYS[5], '~racing') == owner) then
+  -- The head tried on release messages, or after a race release, and
+  -- found a Redisson client holding the lock: it lost each race, and the
+  -- queue is owed a turn for each (see races).
+  redis.call('hincrby', KEYS[5], '~owed', math.max(tonumber(ARGV[7]), 1))
+  redis.call('hdel', KEYS[5], '~racing')
+elseif rank == 1 then
+  local ahead = parse_entry(redis.call('hget', KEYS[5], redis.call('zrange', KEYS[4], 0, 0)[1]))
+  if ahead then
+    lapse = math.max(ahead - now, 0)
+  end
+end
+return {pttl, rank, token_of(f[2]) or 0, lapse}

@@ -1,46 +1,37 @@
--- leave: take a Lock call that gave up out of the wait queue, and hand the
--- head position on if it had it. If the lock was given to the call before it
--- could leave (its grant, see lib.lua, is still there), undo exactly that
--- level. KEYS: see lib.lua.
+-- leave: take a Lock call that gave up out of the wait queue, passing the
+-- head position on if it had it, and undo the level the lock was given to
+-- it with if a hand-over came before it left. KEYS: see lib.lua.
 --
 -- ARGV[1] owner ID
--- ARGV[2] notice channel prefix
--- ARGV[3] longest lease in ms of a hand-over to the next waiter
--- ARGV[4] the call's ticket: the owner's place or grant is the call's to give
---         up only if it carries this ticket, not another call's of the owner
+-- ARGV[2] the call's ticket: the owner's place and level are the call's to
+--         give up only if they carry it
+-- ARGV[3] '1' to remember the call as finished: a request of it may still
+--         arrive late
+-- ARGV[4] how long to remember it, ms
 --
--- Returns 1 when the call was queued, 2 when a grant to it was undone, 0
--- otherwise. Running it twice changes nothing more: the second run finds the
--- call neither queued nor granted.
-local owner, ticket = ARGV[1], ARGV[4]
-local _, _, queuedTicket = parse_entry(redis.call('hget', KEYS[5], owner))
-if redis.call('zscore', KEYS[4], owner) and queuedTicket == ticket then
-  local head = live_head()
+-- Returns 1 when the call was queued, 2 when a level given to it was undone,
+-- 0 otherwise. Running it twice changes nothing more.
+local owner, ticket = ARGV[1], ARGV[2]
+-- @lib
+local prefix = notice_prefix()
+local remembered = ''
+if ARGV[3] == '1' then
+  remembered = ticket
+  remember(ticket, ARGV[4])
+end
+local result = 0
+local _, _, _, _, queuedTicket = parse_entry(redis.call('hget', KEYS[5], owner))
+if queuedTicket == ticket then
+  local wasHead = redis.call('zrank', KEYS[4], owner) == 0
   dequeue(owner)
-  if head == owner then
-    local next, _, client = live_head()
-    if next then
-      local free = '0'
-      if redis.call('exists', KEYS[1]) == 0 then
-        free = '1'
-      end
-      notify(ARGV[2], client, next, free)
-    end
+  if wasHead then
+    tell_head(prefix)
   end
-  return 1
+  result = 1
 end
-if granted(owner, ticket) then
-  redis.call('hdel', KEYS[5], owner)
-  local count = tonumber(redis.call('hget', KEYS[1], owner))
-  if count then
-    if count > 1 then
-      -- A re-entry by the same owner came on top of the grant: keep it.
-      redis.call('hincrby', KEYS[1], owner, -1)
-    else
-      redis.call('del', KEYS[1])
-      free_lock(ARGV[2], tonumber(ARGV[3]))
-    end
-    return 2
-  end
+local f = redis.call('hmget', KEYS[1], owner, '~h' .. ticket, '~q')
+if f[1] and level(f[2], owner, ticket) == 'live' then
+  undo_level(owner, ticket, tonumber(f[1]), f[3], prefix, remembered, ARGV[4])
+  result = 2
 end
-return 0
+return result

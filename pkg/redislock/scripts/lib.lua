@@ -1,87 +1,171 @@
--- Shared helpers, prepended to every script but renew.lua. Every such script
--- gets the same KEYS:
+-- Shared helpers, inserted where a script says "@lib", after its fast path,
+-- so that a call that takes the fast path defines none of them. Every script
+-- but renew.lua and ttl.lua gets the same KEYS:
 --
 -- KEYS[1] lock hash            <name>
 -- KEYS[2] release channel      redisson_lock__channel:{<name>}
 -- KEYS[3] fencing counter      redisson_lock_token:{<name>}
 -- KEYS[4] wait queue           lockwarden_lock_queue:{<name>}
 -- KEYS[5] wait queue entries   lockwarden_lock_queue_entry:{<name>}
--- KEYS[6] request latch        lockwarden_lock_request:{<name>}:<request ID>
---         (acquire and release only)
+-- KEYS[6] finished calls       lockwarden_lock_done:{<name>}
 --
--- The queue is lockwarden's own addition to Redisson's layout: a sorted set of
--- waiting owner IDs scored by arrival time (KEYS[4]), and a hash (KEYS[5])
--- from each to "<expiry ms> <lease ms> <client ID> <ticket>": when its entry
--- lapses, the lease it asked for, the client whose notice channel reaches it,
--- and the ticket of the Lock call that waits (a call's own ID: calls of one
--- owner from two clients share the owner's place, not its grants). A waiter
--- that stops refreshing its entry (a crashed process) is pruned once its entry
--- lapses. Both keys expire when no waiter has refreshed them for two queue
--- TTLs, so an abandoned queue costs no memory for long.
+-- The lock hash is Redisson's: the owner ID's field counts its levels, and
+-- PEXPIRE is the lease. Lockwarden adds fields no owner ID can be, since
+-- they start with '~':
+--   ~t         "<token> <terms>": the ownership's fencing token, and its
+--              lease terms, the lease in ms with 'w' if a watchdog renews
+--              it; a re-entry under other terms is refused
+--   ~h<ticket> a Lock call's level: 1 while held, 0 once undone while a
+--              late copy of the call's request may still arrive. A call's
+--              requests all carry its ticket, so a resend (go-redis sends a
+--              command again when its reply was lost) finds its level there
+--              and counts none, and an Unlock undoes its own level at most
+--              once, however often it is sent. A Lock for an owner of its
+--              own uses the owner ID as its ticket, and its level needs no
+--              field: it is the owner's while the field is absent, and 0
+--              once undone.
+--   ~q         set while lockwarden waiters may be queued, so the release
+--              that frees the lock hands it over, or once the level of a
+--              call with no field of its own was undone: either way an
+--              Unlock must go by release.lua, not unlock.lua
+-- A Redisson owner's hash has none of them, which is how a Redisson holder
+-- is told apart (see free_lock).
 --
--- When a queued call is given the lock (a hand-over, or its own attempt), its
--- entry becomes a grant, "g <token> <ticket>", until that call takes it. The
--- grant is what lets the call's retry take the lock without counting a
--- second level, and a call that gave up undo exactly that level; only the
--- call with the grant's ticket can do either.
+-- The queue (KEYS[4]) is a sorted set of waiting owner IDs, scored by
+-- arrival (server clock, microseconds), and KEYS[5] a hash from each to
+-- "<lapses at, ms> <lease ms> <queue TTL ms> <client ID> <ticket> <terms>":
+-- when the entry lapses unless refreshed (its waiter stopped: a crashed
+-- process), the lease and terms the call asked for, the waiter's own queue
+-- TTL (which bounds the lease a hand-over grants it), the client whose
+-- notice channel reaches it, and the call's ticket. Both keys expire when no
+-- waiter has refreshed them for two queue TTLs, and no waiter shortens
+-- another's. KEYS[5] also keeps the fair-share state of a lock that Redisson
+-- clients also wait for: '~foreign' (when a Redisson holder was last seen,
+-- ms), '~owed' (races the queue lost to one), '~probe' (the next time a
+-- release may look for outside listeners, and how long it waits after,
+-- ms), and of the last race, '~racing' (the head of the queue then) and
+-- '~grace' (until when the head leaves the lock to others, ms).
 --
--- The request latch makes acquire and release safe to run twice: go-redis
--- resends a command whose reply was lost, and so does the client (see
--- request.go). The first run stores its result under the request's own key;
--- a second run finds it there and answers the same, changing nothing.
+-- KEYS[6] remembers the tickets of calls whose requests may still arrive
+-- late, once their levels are undone (see release.lua); a request that
+-- finds its ticket there changes nothing. Nothing is kept anywhere else:
+-- the lock hash is the only record of a call, so eviction cannot make a
+-- resend count twice without the lock itself going.
 
--- server_us is the server clock in microseconds, read once per script run.
-local server_clock
-local function server_us()
-  if not server_clock then
+-- The clock, in microseconds: the calling client's, if the script has it
+-- (see use_clock), and otherwise the server's, read once per run. Tokens,
+-- arrivals in the queue and the times entries lapse at so follow the
+-- clients' clocks, which costs no TIME call; a client whose clock is off by
+-- more than a QueueTTL would judge other waiters' places lapsed too early
+-- or too late.
+local clock_us, clock_text
+local function use_clock(text)
+  clock_us, clock_text = tonumber(text), text
+end
+
+local function now_us()
+  if not clock_us then
     local t = redis.call('time')
-    server_clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  return server_clock
+  return clock_us
 end
 
 local function now_ms()
-  return math.floor(server_us() / 1000)
+  return math.floor(now_us() / 1000)
 end
 
--- How long a fencing counter outlives its last token, in ms. Tokens follow
--- the server clock (see next_token), so a counter that expired while its lock
--- was idle loses nothing: the next token is the clock, above every earlier
--- one.
-local token_retention = 86400000
+-- now_text is now_us as a decimal string.
+local function now_text()
+  if not clock_text then
+    clock_text = string.format('%d', now_us())
+  end
+  return clock_text
+end
 
 -- next_token takes the fencing token of a new ownership: one more than the
--- last, or the server clock in microseconds if that is higher. No lock is
--- taken a million times a second, so tokens follow the clock, and when Redis
--- loses the counter or its last increments (a restart without persistence, a
--- crash with appendfsync everysec, a failover to a lagging replica, or the
--- counter's own expiry) the next token still rises above every token handed
--- out before.
-local function next_token()
-  local clock = server_us()
-  -- %d: Lua would print a number this large in exponent form, which INCR
-  -- (a Redisson client's way to take a token) could not read back.
-  local last = tonumber(redis.call('set', KEYS[3], string.format('%d', clock), 'get', 'px', token_retention) or 0)
-  if last < clock then
-    return clock
+-- last, or clock (microseconds, as a decimal string: see now_us) if that is
+-- higher. No lock is taken a million times a second, so
+-- tokens follow the clocks, and when Redis loses the counter or its last
+-- increments (a restart without persistence, a crash with appendfsync
+-- everysec, a failover to a lagging replica) the next token still rises
+-- above every one handed out before. The counter is Redisson's: its fenced
+-- lock INCRs it, and it never expires.
+local function next_token(clock)
+  local last = redis.call('set', KEYS[3], clock, 'get')
+  -- Decimal strings compare as numbers if their lengths do: no conversion.
+  if last and (#last > #clock or #last == #clock and last >= clock) and tonumber(last) then
+    -- %d: Lua would print a number this large in exponent form.
+    local token = string.format('%d', tonumber(last) + 1)
+    redis.call('set', KEYS[3], token)
+    return token
   end
-  redis.call('set', KEYS[3], string.format('%d', last + 1), 'px', token_retention)
-  return last + 1
+  return clock
 end
 
--- current_token is the latest token taken, 0 if the counter is gone.
-local function current_token()
-  return tonumber(redis.call('get', KEYS[3]) or 0)
+-- publish sends a message with PUBLISH, or SPUBLISH on a Cluster with
+-- sharded pub/sub (scripts.go substitutes the command). A failure (an ACL
+-- that denies the channel) does not abort the script: every write before it
+-- stays, and the waiter it was for finds out on its next retry.
+local function publish(channel, message)
+  redis.pcall('__PUBLISH__', channel, message)
 end
 
--- latched returns what the first run of this request stored, if it ran.
-local function latched()
-  return redis.call('get', KEYS[6])
+-- notify sends a waiter a notice on its client's notice channel, "<kind>
+-- <owner> <name>[ <more>]" with the lock's name. Kinds: '1', the waiter
+-- heads the queue of a free lock and should try at once, or once the grace
+-- (ms) that may follow has passed (see races); '0', it heads the
+-- queue of a held lock and should try on the release message; 'g', the lock
+-- was handed to it, with the token, lease (ms) and ticket that follow.
+local function notify(prefix, client, owner, kind, more)
+  local msg = kind .. ' ' .. owner .. ' ' .. KEYS[1]
+  if more then
+    msg = msg .. ' ' .. more
+  end
+  publish(prefix .. client, msg)
 end
 
--- latch stores this request's result for its retries, for ttl ms.
-local function latch(result, ttl)
-  redis.call('set', KEYS[6], result, 'px', ttl)
+-- parse_entry returns a queue entry's lapse time, lease, queue TTL, client,
+-- ticket and terms, or nothing for an entry it cannot read.
+local function parse_entry(entry)
+  local lapse, lease, ttl, client, ticket, terms =
+    string.match(entry or '', '^(%d+) (%d+) (%d+) (%S+) (%S+) (%S+)$')
+  if lapse then
+    return tonumber(lapse), tonumber(lease), tonumber(ttl), client, ticket, terms
+  end
+end
+
+-- level tells what became of a call's level in an ownership of owner
+-- that holds the lock (see '~h'), from the call's marker: 'live', 'undone',
+-- or nil when the call has none.
+local function level(marker, owner, ticket)
+  if marker == '1' then
+    return 'live'
+  elseif marker == '0' then
+    return 'undone'
+  elseif ticket == owner then
+    return 'live'
+  end
+end
+
+-- token_of and terms_of read the two halves of '~t'.
+local function token_of(t)
+  return tonumber(string.match(t or '', '^(%d+)'))
+end
+
+local function terms_of(t)
+  return string.match(t or '', ' (%S+)$')
+end
+
+-- lease_of is the lease in ms of lease terms.
+local function lease_of(terms)
+  return string.match(terms, '^(%d+)')
+end
+
+-- notice_prefix is the prefix of the lock's notice channels,
+-- "lockwarden_lock__notice:{<name>}:", from its release channel.
+local function notice_prefix()
+  return 'lockwarden_lock__notice:' .. string.sub(KEYS[2], #'redisson_lock__channel:' + 1) .. ':'
 end
 
 local function dequeue(owner)
@@ -89,164 +173,195 @@ local function dequeue(owner)
   redis.call('hdel', KEYS[5], owner)
 end
 
--- parse_entry returns a queue entry's lease, client ID and ticket, and
--- whether it is live: not lapsed (its waiter stopped refreshing it), not a
--- grant. Entries of older clients name no client or ticket.
-local function parse_entry(entry)
-  local expiry, lease, client, ticket = string.match(entry or '', '^(%d+) (%d+) ?(%S*) ?(%S*)$')
-  if expiry then
-    return tonumber(lease), client, ticket, tonumber(expiry) > now_ms()
-  end
-end
-
 -- live_head drops lapsed entries from the front of the queue and returns the
--- live head, the lease it asked for, its client ID and its ticket, or false
--- when nobody waits.
+-- live head, its client and its ticket, or nothing when nobody waits.
 local function live_head()
   while true do
     local head = redis.call('zrange', KEYS[4], 0, 0)[1]
     if not head then
-      return false
+      return
     end
-    local lease, client, ticket, live = parse_entry(redis.call('hget', KEYS[5], head))
-    if live then
-      return head, lease, client, ticket
+    local lapse, _, _, client, ticket = parse_entry(redis.call('hget', KEYS[5], head))
+    if lapse and lapse > now_ms() then
+      return head, client, ticket
     end
     dequeue(head)
   end
 end
 
--- pop_live_head is live_head, but also takes the head it returns off the
--- queue: one ZPOPMIN instead of a ZRANGE and a ZREM. The head's entry is left
--- for the caller to turn into a grant.
-local function pop_live_head()
-  while true do
-    local head = redis.call('zpopmin', KEYS[4])[1]
-    if not head then
+-- tell_head sends the live head, if any, a notice: '1' if the lock is free,
+-- '0' if it is held.
+local function tell_head(prefix)
+  local head, client = live_head()
+  if head then
+    local kind = '0'
+    if redis.call('exists', KEYS[1]) == 0 then
+      kind = '1'
+    end
+    notify(prefix, client, head, kind)
+  end
+end
+
+-- remember records tickets (space-separated) of calls whose requests may
+-- still arrive late, for ms milliseconds.
+local function remember(tickets, ms)
+  local args = {}
+  for ticket in string.gmatch(tickets, '%S+') do
+    args[#args + 1] = ticket
+    args[#args + 1] = 1
+  end
+  if #args == 0 then
+    return
+  end
+  redis.call('hset', KEYS[6], unpack(args))
+  if redis.call('pttl', KEYS[6]) < tonumber(ms) then
+    redis.call('pexpire', KEYS[6], ms)
+  end
+end
+
+-- finished reports whether a call with this ticket is done: its requests
+-- change nothing any more.
+local function finished(ticket)
+  return redis.call('hexists', KEYS[6], ticket) == 1
+end
+
+-- How long a Redisson holder, once seen, keeps releases racing (ms); how
+-- soon after the first race a release may race again for listeners that
+-- are not lockwarden's (ms), and how far apart such races may grow while
+-- none finds a Redisson client (ms).
+local race_window = 10000
+local probe_first = 1000
+local probe_most = 30000
+-- How long a race release keeps the lock for clients outside the queue
+-- (ms): they take it if they wait for it; the head of the queue takes it
+-- after that if they do not.
+local race_grace = 10
+
+-- outsiders reports whether more clients listen on the release channel than
+-- lockwarden's waiters, who also listen on the lock's members channel
+-- (the notice prefix without a client ID), on which nothing is published.
+-- PUBSUB NUMSUB is optional: without it, nobody counts as an outsider.
+local function outsiders(prefix)
+  local members = string.sub(prefix, 1, -2)
+  local counts
+  if '__PUBLISH__' == 'spublish' then
+    counts = redis.pcall('pubsub', 'shardnumsub', KEYS[2], members)
+  else
+    counts = redis.pcall('pubsub', 'numsub', KEYS[2], members)
+  end
+  return type(counts) == 'table' and not counts.err and counts[2] ~= nil and counts[2] > counts[4]
+end
+
+-- races decides whether the release that frees the lock leaves it free for
+-- a race between the head of the queue and Redisson's waiters, who wait
+-- outside the queue and take the lock only when they find it free: handed
+-- from one lockwarden waiter to the next, it would never be. fair is the
+-- entries hash's '~foreign', '~owed' and '~probe'.
+--
+-- Within race_window of the last time a Redisson holder was seen, every
+-- release races, but for the turns owed to the queue: each race its head
+-- lost to a Redisson client (see acquire.lua) is repaid with one hand-over.
+-- The two sides so take turns, about half each, whatever the head count:
+-- a Redisson client gets a race, a lockwarden waiter the hand-over after.
+-- Otherwise a release hands the lock over, but now and then it races if
+-- clients that are not lockwarden's listen on the release channel: Redisson
+-- waiters, who show themselves by winning, or plain listeners (the
+-- controller, a monitor), who cost that one race. The first such race comes
+-- with the first release that finds a queue, the next probe_first later,
+-- and each one that no Redisson client wins doubles the wait for the next,
+-- up to probe_most; a Redisson holder seen starts it over (see
+-- acquire.lua).
+local function races(prefix, fair)
+  local now = now_ms()
+  if now - (tonumber(fair[1]) or 0) < race_window then
+    if (tonumber(fair[2]) or 0) > 0 then
+      redis.call('hincrby', KEYS[5], '~owed', -1)
       return false
     end
-    local lease, client, ticket, live = parse_entry(redis.call('hget', KEYS[5], head))
-    if live then
-      return head, lease, client, ticket
+    return true
+  end
+  local due, gap = string.match(fair[3] or '', '^(%d+) (%d+)$')
+  if not due then
+    due, gap = now, probe_first / 2
+  end
+  if now < tonumber(due) then
+    return false
+  end
+  gap = tonumber(gap)
+  local race = outsiders(prefix)
+  if race then
+    gap = math.min(2 * gap, probe_most)
+  end
+  redis.call('hset', KEYS[5], '~probe', string.format('%d %d', now + gap, gap))
+  return race
+end
+
+-- free_lock runs once the lock's hash is gone: its last level was undone.
+-- With waiters queued, it hands the lock to the live head: the head holds it
+-- at once, with a new token, a level for its call and the lease it asked
+-- for, but at most its own queue TTL, so a waiter that died while queued
+-- holds up the lock no longer than that; a live one extends it once it has
+-- the notice. Otherwise, or when the release races, the release message "0"
+-- is published, as Redisson's unlock does.
+local function free_lock(prefix)
+  while true do
+    local popped = redis.call('zpopmin', KEYS[4])
+    local head, arrived = popped[1], popped[2]
+    if not head then
+      break
+    end
+    local e = redis.call('hmget', KEYS[5], head, '~foreign', '~owed', '~probe')
+    local lapse, lease, ttl, client, ticket, terms = parse_entry(e[1])
+    if lapse and lapse > now_ms() then
+      if races(prefix, {e[2], e[3], e[4]}) then
+        -- The head waits race_grace before it takes the lock, so clients
+        -- outside the queue that wait for it get it; if one does, the head
+        -- finds it held, and the queue is owed a turn (see acquire.lua).
+        redis.call('zadd', KEYS[4], arrived, head)
+        redis.call('hset', KEYS[5], '~racing', head, '~grace', now_ms() + race_grace)
+        notify(prefix, client, head, '1', race_grace)
+        publish(KEYS[2], '0')
+        return
+      end
+      redis.call('hdel', KEYS[5], head)
+      local token = next_token(now_text())
+      local grant = math.min(lease, ttl)
+      if ticket == head then
+        redis.call('hset', KEYS[1], head, '1', '~t', token .. ' ' .. terms, '~q', '1')
+      else
+        redis.call('hset', KEYS[1], head, '1', '~t', token .. ' ' .. terms, '~h' .. ticket, '1', '~q', '1')
+      end
+      redis.call('pexpire', KEYS[1], grant)
+      notify(prefix, client, head, 'g', token .. ' ' .. grant .. ' ' .. ticket)
+      return
     end
     redis.call('hdel', KEYS[5], head)
   end
+  publish(KEYS[2], '0')
 end
 
--- enqueue adds the owner at the tail of the queue, or refreshes its entry if
--- it is queued, for the call with ticket, and keeps both queue keys alive for
--- two queue TTLs.
-local function enqueue(owner, lease, ttl, client, ticket)
-  redis.call('zadd', KEYS[4], 'nx', server_us(), owner)
-  redis.call('hset', KEYS[5], owner, string.format('%d %d %s %s', now_ms() + ttl, lease, client, ticket))
-  redis.call('pexpire', KEYS[4], 2 * ttl)
-  redis.call('pexpire', KEYS[5], 2 * ttl)
-end
-
--- grant records that the lock was given, with token, to the owner's queued
--- call with ticket.
-local function grant(owner, token, ticket)
-  redis.call('hset', KEYS[5], owner, string.format('g %d %s', token, ticket))
-end
-
--- granted reports whether the owner's call with ticket holds a grant it has
--- not taken yet.
-local function granted(owner, ticket)
-  local given = string.match(redis.call('hget', KEYS[5], owner) or '', '^g %d+ (%S+)$')
-  return given ~= nil and given == ticket
-end
-
--- publish_command is PUBLISH, or SPUBLISH on a Cluster with sharded pub/sub,
--- where the client's scripts have it replaced (see scripts.go).
-local publish_command = 'publish'
-
--- publish sends a message, but a failure (an ACL that denies the channel)
--- does not abort the script: every write before it stays consistent, and
--- the waiter it was for finds out on its next retry.
-local function publish(channel, message)
-  redis.pcall(publish_command, channel, message)
-end
-
--- notify sends a waiter a notice on its client's notice channel: "<kind>
--- <owner> <name>[ <more>]", where the name is the lock's, KEYS[1]. Kinds: '1',
--- the waiter heads the queue of a free lock and should try at once; '0', it
--- heads the queue of a held lock and should try on the release message; 'g',
--- the lock was handed to it, with the token and lease (ms) that follow. The
--- client ID comes from the waiter's queue entry, or else from the owner ID
--- "<client ID>:<n>".
-local function notify(prefix, client, owner, kind, more)
-  if not client or client == '' then
-    client = string.match(owner, '^(.*):[^:]*$')
-  end
-  if client then
-    local msg = kind .. ' ' .. owner .. ' ' .. KEYS[1]
-    if more then
-      msg = msg .. ' ' .. more
-    end
-    publish(prefix .. client, msg)
-  end
-end
-
--- free_lock runs once the lock's hash is gone: its last holder released it
--- and the caller deleted what was left. It hands the lock to the live head of
--- the queue, if there is one: the head holds it at once, with a new token and
--- a grant, and is told so. Its lease is what it asked for, but at most
--- claimTTL, so a waiter that died while queued holds up the lock for no longer
--- than that; a live one extends its lease once it has the notice. With nobody
--- queued, the release message is published.
---
--- Redisson clients wait outside the queue, on the release channel, and take
--- the lock only when they find it free; handed over from one lockwarden
--- waiter to the next, it would never be. Every lockwarden client that
--- listens on the release channel also listens on the lock's members channel,
--- "lockwarden_lock__notice:{<name>}" (the notice prefix without a client ID),
--- on which nothing is published: more listeners on the first than on the
--- second are not lockwarden's. Then the turns are kept even. A release that
--- frees the lock, theirs or ours, starts a race between them and the head of
--- the queue; each race the head loses (see acquire.lua) is owed to the
--- queue, under '~owed' in the entries hash, a field no owner ID can be. A
--- lockwarden release hands the lock over while the queue is owed turns, one
--- per release, and otherwise leaves it free and tells the head to race.
--- With classic pub/sub in a Cluster, the listeners counted are those on the
--- lock's own node only; sharded ones are all there.
-local function outsiders_wait(prefix)
-  local members = string.sub(prefix, 1, -2)
-  local counts
-  if publish_command == 'spublish' then
-    counts = redis.call('pubsub', 'shardnumsub', KEYS[2], members)
-  else
-    counts = redis.call('pubsub', 'numsub', KEYS[2], members)
-  end
-  return counts[2] > counts[4]
-end
-
-local function free_lock(prefix, claimTTL)
-  local queued = redis.call('zcard', KEYS[4])
-  if queued == 0 then
-    publish(KEYS[2], '0')
-    return
-  end
-  if outsiders_wait(prefix) then
-    if tonumber(redis.call('hget', KEYS[5], '~owed') or 0) > 0 then
-      redis.call('hincrby', KEYS[5], '~owed', -1)
+-- undo_level undoes the level a call holds (its marker is set) and reports
+-- the owner's remaining count; remembered is the tickets to record as
+-- finished if that frees the lock, and the call keeps its marker at 0 if
+-- its ticket is among them.
+local function undo_level(owner, ticket, count, queued, prefix, remembered, ms)
+  if count > 1 then
+    redis.call('hincrby', KEYS[1], owner, -1)
+    if ticket == owner then
+      redis.call('hset', KEYS[1], '~h' .. ticket, '0', '~q', '1')
+    elseif string.find(' ' .. remembered .. ' ', ' ' .. ticket .. ' ', 1, true) then
+      redis.call('hset', KEYS[1], '~h' .. ticket, '0')
     else
-      publish(KEYS[2], '0')
-      local head, _, client = live_head()
-      if head then
-        notify(prefix, client, head, '1')
-      end
-      return
+      redis.call('hdel', KEYS[1], '~h' .. ticket)
     end
+    return count - 1
   end
-  local head, lease, client, ticket = pop_live_head()
-  if not head then
+  redis.call('del', KEYS[1])
+  remember(remembered, ms)
+  if queued then
+    free_lock(prefix)
+  else
     publish(KEYS[2], '0')
-    return
   end
-  lease = math.min(lease, claimTTL)
-  redis.call('hset', KEYS[1], head, 1)
-  redis.call('pexpire', KEYS[1], lease)
-  local token = next_token()
-  grant(head, token, ticket)
-  notify(prefix, client, head, 'g', string.format('%d %d %s', token, lease, ticket))
+  return 0
 end

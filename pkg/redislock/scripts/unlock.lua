@@ -1,0 +1,21 @@
+-- unlock: the last Unlock of an ownership of an owner of its own, with
+-- nobody queued: release.lua's fast path, alone, with only the keys and
+-- arguments it needs.
+--
+-- KEYS[1] lock hash            <name>
+-- KEYS[2] release channel      redisson_lock__channel:{<name>}
+-- ARGV[1] owner ID, which is also the call's ticket (see '~h' in lib.lua)
+-- ARGV[2] the ownership's '~t'
+--
+-- Returns 0 when it freed the lock and published the release message "0";
+-- -9 when the lock is not so (waiters may be queued, other levels held, the
+-- call's level undone, or another ownership holds it): nothing is changed
+-- then, and the client sends release.lua.
+-- (An undone level of the call would have set '~q': see lib.lua.)
+local f = redis.call('hmget', KEYS[1], ARGV[1], '~t', '~q')
+if f[1] == '1' and f[2] == ARGV[2] and not f[3] then
+  redis.call('del', KEYS[1])
+  redis.pcall('__PUBLISH__', KEYS[2], '0')
+  return 0
+end
+return -9
