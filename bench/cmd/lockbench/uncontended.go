@@ -102,10 +102,10 @@ func runUncontended(ctx context.Context, cfg config, addr string, admin *redis.C
 	}
 
 	res := &uncontendedResult{
-		pairs:    make(map[string]durations),
-		shapes:   make(map[string]durations),
-		sent:     make(map[string]sent),
-		numPairs: make(map[string]int),
+		pairs:      make(map[string]durations),
+		shapes:     make(map[string]durations),
+		sent:       make(map[string]sent),
+		numPairs:   make(map[string]int),
 		server:     make(map[string]time.Duration),
 		cpu:        make(map[string]time.Duration),
 		redisCmds:  make(map[string]float64),
