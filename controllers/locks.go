@@ -62,8 +62,11 @@ func (l *LockClients) For(terms leaseTerms) (*redislock.Client, error) {
 	c, err := redislock.New(l.rdb, redislock.Options{
 		WatchdogLease: terms.lease,
 		RenewInterval: terms.renew,
-		Logger:        l.log.WithName("redislock"),
-		Metrics:       l.metrics,
+		// A grant is the pod's, not this process's: the next leader adopts
+		// it (Close).
+		KeepOnClose: true,
+		Logger:      l.log.WithName("redislock"),
+		Metrics:     l.metrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("lock client for lease %v, renewal every %v: %w", terms.lease, terms.renew, err)

@@ -95,6 +95,12 @@ const (
 	// between the two with gaps: RunsAnnotation has each run.
 	RunningAtAnnotation = "plane.lockwarden.dev/running-at"
 	StoppedAtAnnotation = "plane.lockwarden.dev/stopped-at"
+	// NextAtAnnotation is when, in RFC 3339 with nanoseconds, the running
+	// app containers exit next, planned from CompleteDelayAnnotation when
+	// they started: a later change of that delay does not move it. Write
+	// this one to end the run at another time, as a container whose
+	// process a test ran itself ends when that process exits.
+	NextAtAnnotation = "plane.lockwarden.dev/next-at"
 )
 
 // NodeNames are the fake nodes. They carry no taint, so unmodified manifests

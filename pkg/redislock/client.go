@@ -65,6 +65,15 @@ type Options struct {
 	// WaitReplicasTimeout bounds the WAIT. Default: 1s.
 	WaitReplicasTimeout time.Duration
 
+	// KeepOnClose makes Close leave the locks the client holds in Redis, to
+	// run out with their leases, instead of releasing them: for a process
+	// whose locks another process of the same owners adopts, as lockwarden's
+	// manager replicas pass the grants they hold for pods to the next
+	// leader (a Lock for the same Owner re-enters, and keeps the token).
+	// Like client-go's leader election without ReleaseOnCancel. Default:
+	// false, Close releases.
+	KeepOnClose bool
+
 	// Metrics, if set, records lock metrics. See NewMetrics.
 	Metrics *Metrics
 	// Logger receives renewal failures and lost leases. Default: discard.
@@ -220,9 +229,9 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 func (c *Client) ID() string { return c.opts.ID }
 
 // Close releases the locks the client holds, the levels its own Locks took,
-// in one pipelined round trip bounded by RetryFallback, and ends their
-// contexts with ErrClosed; a lock Redis could not be told about runs out
-// with its lease. It stops the renewal loop and the subscriptions, and waits
+// in one pipelined round trip bounded by RetryFallback (unless
+// Options.KeepOnClose), and ends their contexts with ErrClosed; a lock Redis
+// could not be told about runs out with its lease. It stops the renewal loop and the subscriptions, and waits
 // for them to exit. Waiting Locks leave the wait queue and return ErrClosed,
 // and Close waits for every Lock in progress. A call's Redis command already
 // sent is not interrupted (go-redis reads its reply until its read timeout,

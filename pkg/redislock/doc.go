@@ -63,7 +63,8 @@
 // and ends before Unlock returns; a renewal in flight never extends a lock
 // released meanwhile, and never waits for a release, so a slow Unlock holds
 // up no other lock's renewal. Leases are whole milliseconds, at least
-// MinLease. Close releases the locks the client holds.
+// MinLease. Close releases the locks the client holds, unless
+// Options.KeepOnClose leaves them to another process of the same owners.
 //
 // # The lost-lease signal
 //

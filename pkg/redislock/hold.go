@@ -424,8 +424,9 @@ func (c *Client) unlock(ctx context.Context, o *ownership, h *Hold) (freed bool,
 }
 
 // releaseAll releases every level the client's own Locks hold, in one
-// pipelined round trip bounded by RetryFallback, and ends the ownerships
-// with ErrClosed: Close's last step.
+// pipelined round trip bounded by RetryFallback, unless the client keeps
+// them (Options.KeepOnClose), and ends the ownerships with ErrClosed:
+// Close's last step.
 func (c *Client) releaseAll() {
 	type release struct {
 		o    *ownership
@@ -443,7 +444,7 @@ func (c *Client) releaseAll() {
 		}
 	}
 	c.mu.Unlock()
-	if len(all) > 0 {
+	if len(all) > 0 && !c.opts.KeepOnClose {
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.RetryFallback)
 		send := func(todo []release, eval bool) []release {
 			pipe := c.rdb.Pipeline()

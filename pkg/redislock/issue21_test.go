@@ -792,6 +792,36 @@ func TestCase13CloseReleasesHeldLocks(t *testing.T) {
 	}
 }
 
+// With KeepOnClose, Close leaves the lock held for its lease, and a Lock of
+// another Client for the same owner adopts it with its token: the
+// controller's grants pass from one manager to the next this way.
+func TestKeepOnCloseLeavesTheLockToBeAdopted(t *testing.T) {
+	b, _ := standalone(t)
+	ctx := testContext(t)
+	c, err := redislock.New(b.newRedis(t), redislock.Options{KeepOnClose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := newClient(t, b.newRedis(t), redislock.Options{})
+	name := lockName(t)
+	owner := redislock.Owner("manager-a:7")
+	held := mustLock(t, ctx, newMutex(t, c, name, &redislock.MutexOptions{Owner: owner}))
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Err(); !errors.Is(err, redislock.ErrClosed) {
+		t.Errorf("a Hold after Close: %v, want ErrClosed", err)
+	}
+	info := inspect(t, next, name)
+	if len(info.Holders) != 1 || info.Holders[0].Owner != owner || info.TTL <= 0 {
+		t.Fatalf("after Close with KeepOnClose: %+v, want %s still holding it with a lease", info, owner)
+	}
+	adopted := mustLock(t, ctx, newMutex(t, next, name, &redislock.MutexOptions{Owner: owner}))
+	if adopted.Token() != held.Token() {
+		t.Fatalf("the adopting Lock's token is %d, want the kept hold's %d", adopted.Token(), held.Token())
+	}
+}
+
 // The package documentation's list of errors named neither ErrLeaseLost
 // nor ErrReleased: every exported error is now in it.
 func TestCase13EveryErrorIsDocumented(t *testing.T) {

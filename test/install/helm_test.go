@@ -3,6 +3,7 @@ package install
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/plane"
 )
 
 // The release, namespace and image the README's commands name.
@@ -238,8 +240,12 @@ func helmUninstallServingHook(t *testing.T) *podProcess {
 	case <-time.After(3 * time.Minute):
 		t.Fatalf("the hook did not finish:\n%s", hook.log.String())
 	}
-	// Done: kwok completes the pod, the Job succeeds, helm goes on.
-	patch := []byte(`{"metadata":{"annotations":{"pod-complete.stage.kwok.x-k8s.io/delay":"0s"}}}`)
+	// Done: kwok completes the pod now, the Job succeeds, helm goes on.
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		plane.NextAtAnnotation: time.Now().UTC().Format(time.RFC3339Nano)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := k8s.Patch(ctx, &hookPod, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		t.Fatal(err)
 	}
