@@ -53,6 +53,18 @@ func (r *DistributedLockReconciler) letGo(ctx context.Context, s *scope, d *lock
 	return nil
 }
 
+// claimed reports whether a live lock of the pod's namespace selects the
+// pod, gates it or marks it: a grant of the key to such a pod outlives the
+// deletion of another lock that made it.
+func (s *scope) claimed(pod *corev1.Pod) bool {
+	for _, l := range s.locksIn(pod.Namespace) {
+		if selects(l, pod) || hasGate(pod, locksv1.GateFor(l.Name)) || markedBy(pod, l.Name) {
+			return true
+		}
+	}
+	return false
+}
+
 // waitsFor is the pod the deleting lock's status records it lifted its gate
 // from, if that pod has not stopped: the lock keeps its grant until then.
 func (s *scope) waitsFor(d *locksv1.DistributedLock) *corev1.Pod {
@@ -76,22 +88,13 @@ func (s *scope) waitsFor(d *locksv1.DistributedLock) *corev1.Pod {
 // the pods' own. Its pods still behind its gate stay gated, and are told
 // why (gates.go).
 func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scope, d *locksv1.DistributedLock) error {
-	remaining := s.locksIn(d.Namespace)
-	claimed := func(p *corev1.Pod) bool {
-		for _, l := range remaining {
-			if selects(l, p) || hasGate(p, locksv1.GateFor(l.Name)) || markedBy(p, l.Name) {
-				return true
-			}
-		}
-		return false
-	}
 	var kept []holder
 	for _, h := range s.holders {
 		name := ""
 		switch gone, isGone := s.gone[h.podUID]; {
 		case !h.byController():
 		case h.pod != nil && !stopped(h.pod) && s.liftedFor(h.pod):
-		case h.pod != nil && h.pod.Namespace == d.Namespace && !claimed(h.pod):
+		case h.pod != nil && h.pod.Namespace == d.Namespace && !s.claimed(h.pod):
 			name = h.pod.Name
 		case h.pod == nil && isGone && gone.Namespace == d.Namespace:
 			name = gone.Name
@@ -117,7 +120,7 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 	// A grant lost while its pod runs (kept without a hold, see keepGrants)
 	// ends with the lock too, unless a lock left claims the pod.
 	if g := r.grants.get(s.key); g != nil && g.hold == nil && g.pod.Namespace == d.Namespace {
-		if p := s.byUID[g.podUID]; p == nil || !claimed(p) {
+		if p := s.byUID[g.podUID]; p == nil || !s.claimed(p) {
 			r.grants.drop(s.key, g.podUID)
 		}
 	}

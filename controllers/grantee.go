@@ -41,19 +41,23 @@ func (r *DistributedLockReconciler) granteeOf(s *scope) *corev1.Pod {
 // recordedGrantee is the pod of the latest grant the statuses of the key's
 // locks record (the highest token), if it has not stopped, and that record.
 // A lock's status only ever records a pod of its own namespace. A lock
-// being deleted keeps only a grant whose gate it lifted (finalizeDeleted):
-// its record of any other grant is over once the lock released it, though
-// the cache may show the lock a while longer.
+// being deleted keeps a grant whose gate it lifted, or whose pod a live
+// lock of its namespace claims (finalizeDeleted); its record of any other
+// grant is over once it released it, though the cache may show the lock a
+// while longer.
 func (s *scope) recordedGrantee() (*corev1.Pod, *locksv1.LockGrant) {
 	var pod *corev1.Pod
 	var record *locksv1.LockGrant
 	for _, l := range s.all() {
 		st := l.Status.Grant
-		if st == nil || (!l.DeletionTimestamp.IsZero() && !st.GateLifted) {
+		if st == nil {
 			continue
 		}
 		p := s.byUID[types.UID(st.PodUID)]
 		if p == nil || p.Namespace != l.Namespace || stopped(p) {
+			continue
+		}
+		if !l.DeletionTimestamp.IsZero() && !st.GateLifted && !s.claimed(p) {
 			continue
 		}
 		if record == nil || st.Token > record.Token {

@@ -329,3 +329,47 @@ func TestReview2TokenBehindIsNeverShownForAGuardedPod(t *testing.T) {
 		t.Fatalf("want Ready=False FencingTokenBehind and no repeated Granted Events; got %+v and %d Granted Events", c, granted)
 	}
 }
+
+// Review 3: a leader P granted through lock a (no gate, so its record has
+// GateLifted=false). While the manager is down, lock b on the same key,
+// which selects P too, is created, a is deleted, and the hold's lease runs
+// out. The README says a grant Redis lost is found from the statuses, and
+// deleting a lock leaves the grant of a pod another lock of the namespace
+// still claims: the Terminating lock's record must still name P (ignoring
+// every such record granted the key to Q).
+func TestADeletingLocksRecordKeepsAGrantALiveLockClaims(t *testing.T) {
+	first := startManager(t)
+	ns := newNamespace(t)
+	key := ns + "/shared"
+	q := createPod(t, ns, "q", "web", withLabels(map[string]string{"app": "web", "all": "yes"}))
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have second resolution
+	p := createPod(t, ns, "p", "leader", withLabels(map[string]string{"app": "leader", "all": "yes"}))
+	a := createLock(t, ns, "a", "leader", func(l *locksv1.DistributedLock) {
+		l.Spec.Key = key
+		l.Spec.LeaseDuration = &metav1.Duration{Duration: time.Second}
+	})
+	eventually(t, "p to hold", func() bool {
+		g := getLock(t, a).Status.Grant
+		return holderOf(t, a) == "p" && g != nil && g.PodUID == string(p.UID)
+	})
+	first.stop()
+
+	createLock(t, ns, "b", "x", func(l *locksv1.DistributedLock) {
+		l.Spec.Key = key
+		l.Spec.LeaseDuration = &metav1.Duration{Duration: time.Second}
+		l.Spec.Candidates = &locksv1.PodSelector{MatchLabels: map[string]locksv1.LabelValue{"all": "yes"}}
+	})
+	if err := k8s.Delete(context.Background(), getLock(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the lease to run out", func() bool { return !inspect(t, key).Held() })
+
+	startManager(t)
+	eventually(t, "somebody to hold the key", func() bool { return inspect(t, key).Held() })
+	time.Sleep(2 * time.Second)
+	info := inspect(t, key)
+	t.Logf("holder: %+v (p %s, q %s)", info.Holders, p.UID, q.UID)
+	if string(info.Holders[0].Owner) != string(p.UID)+":0" {
+		t.Fatalf("P's grant, which live lock b claims, was dropped: %s holds (q is %s)", info.Holders[0].Owner, q.UID)
+	}
+}

@@ -269,7 +269,8 @@ type ownership struct {
 	levels int // Holds not yet unlocked, nor given up
 	// first and more are the Holds not yet unlocked, nor given up; pending
 	// are Holds whose Unlock failed: their levels may still be in Redis,
-	// and the last Unlock releases them first, as Close does with all.
+	// and the last Unlock releases them first, as Close does with all
+	// (unless Options.KeepOnClose).
 	first   *Hold
 	more    []*Hold
 	pending []*Hold
