@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -819,6 +820,41 @@ func TestKeepOnCloseLeavesTheLockToBeAdopted(t *testing.T) {
 	adopted := mustLock(t, ctx, newMutex(t, next, name, &redislock.MutexOptions{Owner: owner}))
 	if adopted.Token() != held.Token() {
 		t.Fatalf("the adopting Lock's token is %d, want the kept hold's %d", adopted.Token(), held.Token())
+	}
+}
+
+// A lock held under an owner by a lockwarden from before the '~t' field (the
+// owner's count in the hash, the token in Redisson's counter: what a
+// manager before the upgrade left for each grant) is adopted by a Lock for
+// that owner, with that token, and is renewed and released as this
+// library's own. Before, such a re-entry was refused as one under other
+// lease terms, and an upgraded manager could adopt no grant.
+func TestALockHeldByAnOlderLockwardenIsAdoptedWithItsToken(t *testing.T) {
+	b, srv := standalone(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	owner := redislock.Owner("pod-uid:0")
+	direct := srv.Client(t)
+	const token = "1795000000000007"
+	if err := direct.HSet(ctx, name, string(owner), 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	direct.PExpire(ctx, name, 30*time.Second)
+	direct.Set(ctx, "redisson_lock_token:{"+name+"}", token, 0)
+
+	c := newClient(t, b.newRedis(t), redislock.Options{})
+	adopted := mustLock(t, ctx, newMutex(t, c, name, &redislock.MutexOptions{Owner: owner}))
+	if got := strconv.FormatInt(adopted.Token(), 10); got != token {
+		t.Fatalf("the adopting Lock's token is %s, want the older ownership's %s", got, token)
+	}
+	if err := adopted.Refresh(ctx); err != nil {
+		t.Fatalf("renewing the adopted lock: %v", err)
+	}
+	if _, err := c.ForceRelease(ctx, name, "pod-uid"); err != nil {
+		t.Fatal(err)
+	}
+	if inspect(t, c, name).Held() {
+		t.Fatal("the adopted lock is still held after its force release")
 	}
 }
 

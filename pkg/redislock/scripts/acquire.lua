@@ -47,6 +47,20 @@ if f[1] then
   if finished(ticket) then
     return -2
   end
+  if not f[2] then
+    -- Held under this owner without '~t': taken by a lockwarden from before
+    -- that field (its manager's grants, across an upgrade), which kept the
+    -- ownership's token in the counter, as Redisson does. The re-entry
+    -- adopts it under the caller's terms, with that token.
+    local token = redis.call('get', KEYS[3])
+    if not (token and string.match(token, '^%d+$')) then
+      token = next_token(now_text())
+    end
+    redis.call('hincrby', KEYS[1], owner, 1)
+    redis.call('hset', KEYS[1], '~t', token .. ' ' .. terms, '~h' .. ticket, '1')
+    redis.call('pexpire', KEYS[1], lease)
+    return tonumber(token)
+  end
   if terms_of(f[2]) ~= terms then
     return -1
   end
