@@ -373,3 +373,36 @@ func TestADeletingLocksRecordKeepsAGrantALiveLockClaims(t *testing.T) {
 		t.Fatalf("P's grant, which live lock b claims, was dropped: %s holds (q is %s)", info.Holders[0].Owner, q.UID)
 	}
 }
+
+// Review 4: a lock's leaseDuration edited while its grant is held, then a
+// manager restart. The library refuses to re-enter the kept hold under the
+// new terms (it would cut another holder's lease), so the new manager could
+// not adopt it, and failed every reconcile of the key until the old lease
+// ran out. It takes the key again for the same pod under the new terms.
+func TestALeaseEditedAcrossARestartIsTakenAgainForTheSamePod(t *testing.T) {
+	first := startManager(t)
+	ns := newNamespace(t)
+	a := createPod(t, ns, "a", "web")
+	createPod(t, ns, "b", "web")
+	lock := createLock(t, ns, "leader", "web", func(l *locksv1.DistributedLock) {
+		l.Spec.LeaseDuration = &metav1.Duration{Duration: time.Minute}
+	})
+	eventually(t, "pod a to hold the lock", func() bool { return holderOf(t, lock) == "a" })
+	before := getLock(t, lock).Status.Grant.Token
+	first.stop()
+	updateLock(t, lock, func(l *locksv1.DistributedLock) {
+		l.Spec.LeaseDuration = &metav1.Duration{Duration: 2 * time.Second}
+	})
+
+	startManager(t)
+	// Well within the minute the kept hold has left.
+	eventually(t, "pod a to hold the key under the new lease", func() bool {
+		info := inspect(t, ns+"/leader")
+		return len(info.Holders) == 1 && string(info.Holders[0].Owner) == string(a.UID)+":0" && info.TTL <= 2*time.Second
+	})
+	eventually(t, "the new token recorded", func() bool {
+		g := getLock(t, lock).Status.Grant
+		return g != nil && g.PodUID == string(a.UID) && g.Token > before
+	})
+	assertEvents(t, ns, "Reacquired")
+}

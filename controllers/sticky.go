@@ -93,7 +93,11 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 }
 
 // adopt takes over the renewal of a grant made before the manager restarted
-// (or by another manager replica), keeping its fencing token.
+// (or by another manager replica), keeping its fencing token. A grant held
+// under other lease terms (the lock's leaseDuration changed since) cannot be
+// re-entered under the lock's: the library refuses it, so as not to cut
+// another holder's lease. Nobody else renews the controller's grants, so it
+// takes the key again for the pod under the lock's terms, with a new token.
 func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *corev1.Pod) error {
 	if g := r.grants.get(s.key); g != nil && g.podUID == pod.UID && g.hold != nil && g.hold.Err() == nil {
 		return nil
@@ -103,6 +107,14 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 		return err
 	}
 	hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
+	retaken := false
+	if errors.Is(err, redislock.ErrLeaseMismatch) {
+		if _, err := s.client.ForceRelease(ctx, s.key, string(pod.UID)); err != nil {
+			return err
+		}
+		hold, err = acquire(ctx, c, s.key, ownerFor(pod.UID))
+		retaken = true
+	}
 	if errors.Is(err, redislock.ErrWaitTimeout) {
 		return nil // lost meanwhile; the next reconcile sees who holds it
 	}
@@ -110,6 +122,12 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 		return err
 	}
 	r.remember(s, pod, terms, hold)
+	if retaken {
+		s.info.Token, s.fresh = hold.Token(), true
+		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
+			"Took %s again for pod %s under the lock's new lease terms, with fencing token %d", s.key, pod.Name, hold.Token())
+		return nil
+	}
 	log.FromContext(ctx).Info("adopted a lock held in Redis", "key", s.key, "pod", pod.Name, "token", hold.Token())
 	return nil
 }
