@@ -34,7 +34,7 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 		}
 		hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
 		if errors.Is(err, redislock.ErrWaitTimeout) {
-			return s.reread(ctx) // taken meanwhile, or reserved for a queued client
+			return s.reread(ctx) // taken meanwhile
 		}
 		if err != nil {
 			return err

@@ -129,8 +129,9 @@ func (r *DistributedLockReconciler) patchStatusFields(ctx context.Context, s *sc
 // tokenBehind gives back a grant this reconcile took whose token is below
 // one recorded for the key: Redis hands out tokens below one it handed out
 // before (a restart that lost the counter, while this manager's clock is behind
-// the clock of the client that took the last grant). Tokens follow the clock,
-// so the key is taken again in a second.
+// the clock of the client that took the last grant). Tokens follow the clock:
+// the key is tried again every second, and taken once this clock has passed
+// the recorded token.
 func (r *DistributedLockReconciler) tokenBehind(ctx context.Context, s *scope, pod *corev1.Pod) error {
 	s.notReady = &condition{"FencingTokenBehind", fmt.Sprintf(
 		"a fencing token above %d, the one Redis gave the latest grant, is recorded for the key: the grant was given back, and is tried again every second", s.info.Token)}

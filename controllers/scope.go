@@ -265,10 +265,10 @@ func (s *scope) readRedis(ctx context.Context) error {
 }
 
 // holderToken fills in the holder's fencing token when Redis no longer
-// shows it: the counter it came from expires a day after its last token,
-// while the ownership lives on (a leader holds for weeks). The token is
-// then the one this process took, or the one the locks recorded for that
-// owner.
+// shows it: the counter it came from is gone while the ownership lives on
+// (Redis lost it in a restart without its data; a leader holds for weeks).
+// The token is then the one this process took, or the one the locks
+// recorded for that owner.
 func (r *DistributedLockReconciler) holderToken(s *scope) {
 	if len(s.holders) == 0 || s.info.Token != 0 {
 		return

@@ -10,7 +10,9 @@ import (
 // Term is one period of leadership.
 type Term struct {
 	// Token is the fencing token of the term's ownership: every term has a
-	// higher token than all terms before it.
+	// higher token than all terms before it, as long as Redis keeps the
+	// counter, or, if it loses it, the candidates' clocks are closer than
+	// the time since the last term began (see the package doc, Fencing tokens).
 	Token int64
 	// Started is when the term began.
 	Started time.Time
