@@ -189,8 +189,12 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 // again: an in-pod client's new hold shows within a second.
 const observePoll = 500 * time.Millisecond
 
+// isRedisError reports whether Redis failed the call, or refused the lock
+// client (a Redis user without a command the lock scripts run): shown on
+// the locks as Redis failing, and retried.
 func isRedisError(err error) bool {
-	return errors.Is(err, redislock.ErrUnavailable) || errors.Is(err, redislock.ErrClosed)
+	return errors.Is(err, redislock.ErrUnavailable) || errors.Is(err, redislock.ErrClosed) ||
+		errors.Is(err, redislock.ErrPermission)
 }
 
 // redisFailed logs the Redis error and shows a redacted one: a condition

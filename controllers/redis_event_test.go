@@ -2,9 +2,11 @@ package controllers_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +14,7 @@ import (
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
 // When Redis fails, each lock of the key gets one Warning Event saying so,
@@ -55,6 +58,40 @@ func TestRedisOutageIsAWarningEventOnEachLock(t *testing.T) {
 		c := ready()
 		return c != nil && c.Status == "True"
 	})
+}
+
+// A Redis user the lock scripts may not run as (one made from the library's
+// MinimalACL before its scripts ran HMGET and ZRANK) is shown on the lock as
+// Redis failing, with its Warning Event, rather than failing every
+// reconcile with nothing on the lock to say so.
+func TestARedisUserWithoutTheScriptsCommandsShowsOnTheLock(t *testing.T) {
+	admin := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { _ = admin.Close() })
+	ctx := context.Background()
+	user := "older-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
+	args := []any{"acl", "setuser", user, "on", ">pw"}
+	for _, rule := range strings.Fields(strings.NewReplacer("+hmget ", "", "+zrank ", "").Replace(redislock.MinimalACL)) {
+		args = append(args, rule)
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), "acl", "deluser", user) })
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, Username: user, Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	ns := newNamespace(t)
+	startManagerOn(t, managerConfig{rdb: rdb, namespaces: []string{ns}})
+	createPod(t, ns, "a", "app")
+	lock := createLock(t, ns, "acl", "app")
+	eventually(t, "Ready=False RedisUnavailable", func() bool {
+		c := meta.FindStatusCondition(getLock(t, lock).Status.Conditions, locksv1.ConditionReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "RedisUnavailable"
+	})
+	assertEvents(t, ns, "RedisUnavailable")
+	if inspect(t, ns+"/acl").Held() {
+		t.Fatal("the key was taken by a client Redis refused")
+	}
 }
 
 func counts(events []corev1.Event) []int32 {

@@ -213,6 +213,10 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		return nil, err
 	}
 	c, err := r.Locks.For(defaultTerms)
+	if isRedisError(err) {
+		s.redisErr = err
+		return s, nil
+	}
 	if err != nil {
 		return nil, err
 	}

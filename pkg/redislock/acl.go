@@ -78,16 +78,16 @@ func checkPermissions(rdb redis.UniversalClient, c *Client, sharded bool) error 
 			err = rdb.Publish(ctx, channel, "").Err()
 		}
 		if err != nil && strings.HasPrefix(err.Error(), "NOPERM") {
-			return fmt.Errorf("redislock: the Redis user may not publish on %s (%v); grant it at least: %s", channel, err, MinimalACL)
+			return fmt.Errorf("%w: it may not publish on %s (%v); grant it at least: %s", ErrPermission, channel, err, MinimalACL)
 		}
 	}
 	tag := "{lockwarden-acl-check:" + c.opts.ID + "}"
 	denied, err := aclProbe.Run(ctx, rdb, []string{queuePrefix + tag + ":h", queuePrefix + tag, queuePrefix + tag + ":s"}).Text()
 	if err == nil && denied != "" {
-		return fmt.Errorf("redislock: the Redis user may not run %s, which the lock scripts call; grant it at least: %s", denied, MinimalACL)
+		return fmt.Errorf("%w: it may not run %s, which the lock scripts call; grant it at least: %s", ErrPermission, denied, MinimalACL)
 	}
 	if err != nil && strings.Contains(err.Error(), "NOPERM") {
-		return fmt.Errorf("redislock: the Redis user may not run scripts (%v); grant it at least: %s", err, MinimalACL)
+		return fmt.Errorf("%w: it may not run scripts (%v); grant it at least: %s", ErrPermission, err, MinimalACL)
 	}
 	return nil
 }

@@ -165,7 +165,8 @@
 // Calls return ErrNotHeld, ErrNotOwner, ErrWaitTimeout, ErrUnavailable
 // (wrapping the Redis error), ErrLeaseMismatch, ErrLeaseLost (a Lock whose
 // lease ran out before Redis's answer came back), ErrInvalidName,
-// ErrInvalidOwner or ErrClosed, or the caller's own context error; test them
+// ErrInvalidOwner, ErrPermission (New, for a Redis user that may not run
+// what the scripts run) or ErrClosed, or the caller's own context error; test them
 // with errors.Is. A Hold's Context ends with ErrReleased, ErrNotOwner,
 // ErrLeaseLost or ErrClosed. None panics, and a failed call leaves the lock
 // as it was, or as the request's one run in Redis left it.

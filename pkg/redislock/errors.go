@@ -44,6 +44,10 @@ var (
 	// changed: one owner's holds share one lease in Redis, and a re-entry
 	// under other terms would cut it short, or let it outlive its holder.
 	ErrLeaseMismatch = errors.New("redislock: the ownership is held under other lease terms")
+	// ErrPermission is returned by New when the Redis user may not run a
+	// command the lock scripts run, or publish where they publish: its
+	// message names what is missing and MinimalACL, the rules to grant.
+	ErrPermission = errors.New("redislock: the Redis user lacks a permission the lock scripts need")
 )
 
 // unavailable classifies an error from go-redis. Context errors pass through

@@ -366,8 +366,31 @@ func TestNewRefusesAUserThatCannotPublish(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "narrow", Password: "pw"})
 	t.Cleanup(func() { _ = rdb.Close() })
 	_, err := redislock.New(rdb, redislock.Options{})
-	if err == nil || !strings.Contains(err.Error(), redislock.MinimalACL) {
-		t.Fatalf("New for a user that may not publish notices returned %v, want an error naming the ACL it needs", err)
+	if !errors.Is(err, redislock.ErrPermission) || !strings.Contains(err.Error(), redislock.MinimalACL) {
+		t.Fatalf("New for a user that may not publish notices returned %v, want ErrPermission naming the ACL it needs", err)
+	}
+}
+
+// A user made from MinimalACL before the scripts ran HMGET and ZRANK (an
+// install from before the library's rewrite) is refused by New with
+// ErrPermission, naming what it lacks.
+func TestNewRefusesAUserWithoutACommandTheScriptsRun(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := testContext(t)
+	older := strings.NewReplacer("+hmget ", "", "+zrank ", "").Replace(redislock.MinimalACL)
+	args := []any{"acl", "setuser", "older", "on", ">pw"}
+	for _, rule := range strings.Fields(older) {
+		args = append(args, rule)
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "older", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	_, err := redislock.New(rdb, redislock.Options{})
+	if !errors.Is(err, redislock.ErrPermission) || !strings.Contains(err.Error(), "hmget") {
+		t.Fatalf("New for a user without HMGET returned %v, want ErrPermission naming hmget", err)
 	}
 }
 
