@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -44,13 +45,19 @@ func (p *Plane) AddNode(ctx context.Context, name string, taints ...corev1.Taint
 // Partition gives the Lease to another holder, with a renew time left as
 // kwok last wrote it and a duration long enough that kwok never finds it
 // expired. Delete the node when done: kwok does not take it back.
+//
+// kwok judges the Lease from its informer's copy, and once went on playing
+// the stages of a partitioned node's pods, a minute later, while its copy
+// lagged (the machine loaded): the pod's deletion stopped its containers as
+// a kubelet would. So Partition also annotates the node's pods
+// PartitionedAnnotation, which no pod stage matches.
 func (p *Plane) Partition(ctx context.Context, node string) error {
 	clientset, err := kubernetes.NewForConfig(p.Config)
 	if err != nil {
 		return err
 	}
 	leases := clientset.CoordinationV1().Leases(corev1.NamespaceNodeLease)
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		lease, err := leases.Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -59,5 +66,18 @@ func (p *Plane) Partition(ctx context.Context, node string) error {
 		lease.Spec.LeaseDurationSeconds = ptr.To[int32](24 * 3600)
 		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
 		return err
-	})
+	}); err != nil {
+		return err
+	}
+	pods, err := clientset.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return err
+	}
+	mark := []byte(`{"metadata":{"annotations":{"` + PartitionedAnnotation + `":"true"}}}`)
+	for _, pod := range pods.Items {
+		if _, err := clientset.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, mark, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("mark pod %s/%s partitioned: %w", pod.Namespace, pod.Name, err)
+		}
+	}
+	return nil
 }

@@ -101,6 +101,9 @@ const (
 	// this one to end the run at another time, as a container whose
 	// process a test ran itself ends when that process exits.
 	NextAtAnnotation = "plane.lockwarden.dev/next-at"
+	// PartitionedAnnotation marks the pods of a node Partition cut off: no
+	// stage acts on them.
+	PartitionedAnnotation = "plane.lockwarden.dev/partitioned"
 )
 
 // NodeNames are the fake nodes. They carry no taint, so unmodified manifests
