@@ -111,6 +111,7 @@ func (h *Hold) Unlock(ctx context.Context) error {
 		remember = h.ticket
 	}
 	o.releasing++
+	taken := o.taken
 	c.mu.Unlock()
 
 	// Holds whose Unlock failed go first: they are given up in the client
@@ -123,7 +124,7 @@ func (h *Hold) Unlock(ctx context.Context) error {
 	var remaining int64
 	var err error
 	freed := false
-	if last && o.taken && remember == emptyArg && h.ticket == string(o.key.owner) && !c.waits.listening(o.key.name) {
+	if last && taken && remember == emptyArg && h.ticket == string(o.key.owner) && !c.waits.listening(o.key.name) {
 		freed, err = c.unlock(ctx, o, h)
 	}
 	if !freed && err == nil {
@@ -262,10 +263,10 @@ type ownership struct {
 	ownerArg, tokenArg, leaseArg any
 	lease                        time.Duration
 	watchdog                     bool
-	// taken is set when take.lua took the lock: nobody waited then.
-	taken bool
 
 	// Guarded by Client.mu.
+	// taken is set when take.lua took the lock: nobody waited then.
+	taken  bool
 	levels int // Holds not yet unlocked, nor given up
 	// first and more are the Holds not yet unlocked, nor given up; pending
 	// are Holds whose Unlock failed: their levels may still be in Redis,
