@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -107,12 +108,6 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 			return err
 		}
 		r.grants.drop(s.key, h.podUID)
-		// The grant is over: no lock of the namespace records it any more.
-		for _, l := range s.locksIn(d.Namespace) {
-			if g := l.Status.Grant; g != nil && g.PodUID == string(h.podUID) {
-				l.Status.Grant = nil
-			}
-		}
 		r.Recorder.Eventf(d, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", s.key, name)
 		r.Metrics.transition(d, "released")
 	}
@@ -122,6 +117,18 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 	if g := r.grants.get(s.key); g != nil && g.hold == nil && g.pod.Namespace == d.Namespace {
 		if p := s.byUID[g.podUID]; p == nil || !s.claimed(p) {
 			r.grants.drop(s.key, g.podUID)
+		}
+	}
+	// The grants it ended are over: no lock of the namespace records them
+	// any more, or the record would name the grantee again (a grant lost to
+	// somebody else is taken back for its pod once the key is free).
+	for _, l := range s.locksIn(d.Namespace) {
+		g := l.Status.Grant
+		if g == nil || g.GateLifted || slices.ContainsFunc(s.holders, func(h holder) bool { return string(h.podUID) == g.PodUID }) {
+			continue
+		}
+		if p := s.byUID[types.UID(g.PodUID)]; p == nil || !s.claimed(p) {
+			l.Status.Grant = nil
 		}
 	}
 	// The marks are for display: one that cannot be cleared (a pod its
