@@ -51,7 +51,7 @@ func startSentinel(t *testing.T, masterPort int, masterPassword, sentinelPasswor
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		t.Skip("no redis-server")
+		t.Fatal("redis-server is not on PATH: make test installs it (hack/install-redis.sh)")
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
