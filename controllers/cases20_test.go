@@ -220,10 +220,7 @@ func TestUnsharingThenDeletingTheRefusedLockKeepsTheGrant(t *testing.T) {
 func TestStartedHoldersAreNeverEvictedAsNotStarted(t *testing.T) {
 	startManager(t)
 	ns := newNamespace(t)
-	evictAfter := func(l *locksv1.DistributedLock) {
-		l.Spec.StartTimeout = &metav1.Duration{Duration: time.Second}
-		l.Spec.DeleteUnstarted = true
-	}
+	evicting := func(l *locksv1.DistributedLock) { l.Spec.DeleteUnstarted = true }
 	withHelper := func(p *corev1.Pod) {
 		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "helper", Image: "busybox"})
 	}
@@ -232,12 +229,12 @@ func TestStartedHoldersAreNeverEvictedAsNotStarted(t *testing.T) {
 	// waiting takes key ns/first, then waits for ns/second, which blocker
 	// holds.
 	blocker := createPod(t, ns, "blocker", "two", gatedBy("second"))
-	crashLock := createLock(t, ns, "crash", "crash", evictAfter)
-	doneLock := createLock(t, ns, "done", "done", evictAfter)
+	crashLock := createLock(t, ns, "crash", "crash", evicting)
+	doneLock := createLock(t, ns, "done", "done", evicting)
 	createLock(t, ns, "second", "two")
 	eventually(t, "blocker to hold the second key", func() bool { return holds(t, ns+"/second", blocker) })
 	waiting := createPod(t, ns, "waiting", "two", gatedBy("first", "second"))
-	firstLock := createLock(t, ns, "first", "two", evictAfter)
+	firstLock := createLock(t, ns, "first", "two", evicting)
 
 	eventually(t, "crashing and completed to be ungated, waiting to hold its first key", func() bool {
 		return !gatedWith(getPod(t, crashing), gateFor("crash")) && !gatedWith(getPod(t, completed), gateFor("done")) &&
@@ -258,6 +255,9 @@ func TestStartedHoldersAreNeverEvictedAsNotStarted(t *testing.T) {
 			{Name: "main", Image: "busybox", State: running},
 		}
 	})
+	shortenStartTimeout(t, crashLock, "Restarting", "CrashLoopBackOff")
+	shortenStartTimeout(t, doneLock, "Started", "")
+	shortenStartTimeout(t, firstLock, "WaitingForGates", "")
 	time.Sleep(1500 * time.Millisecond) // past the start timeout
 	settle()
 	for _, p := range []*corev1.Pod{crashing, completed, waiting} {

@@ -56,6 +56,21 @@ func setContainers(t *testing.T, pod *corev1.Pod, phase corev1.PodPhase, state c
 	}
 }
 
+// shortenStartTimeout sets the lock's start timeout to a second, once its
+// HolderStarted condition shows (by reason, and a message containing seen)
+// that the controller has seen the holder's status as the test wrote it.
+// Set from the lock's creation, the timeout could run out while a loaded
+// machine still binds the pod and writes its status, and the controller
+// would rightly find a pod that had not started yet.
+func shortenStartTimeout(t *testing.T, lock *locksv1.DistributedLock, reason, seen string) {
+	t.Helper()
+	eventually(t, "lock "+lock.Name+" to see its holder's status", func() bool {
+		c := meta.FindStatusCondition(getLock(t, lock).Status.Conditions, locksv1.ConditionHolderStarted)
+		return c != nil && c.Reason == reason && strings.Contains(c.Message, seen)
+	})
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Spec.StartTimeout = &metav1.Duration{Duration: time.Second} })
+}
+
 var (
 	running = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}
 )
@@ -396,12 +411,11 @@ func TestCase7HolderThatDoesNotStart(t *testing.T) {
 	ns := newNamespace(t)
 	run1 := createPod(t, ns, "run-1", "job", gatedBy("singleton"))
 	run2 := createPod(t, ns, "run-2", "job", gatedBy("singleton"))
-	lock := createLock(t, ns, "singleton", "job", func(l *locksv1.DistributedLock) {
-		l.Spec.StartTimeout = &metav1.Duration{Duration: time.Second}
-	})
+	lock := createLock(t, ns, "singleton", "job")
 	eventually(t, "run-1 to be ungated", func() bool { return !gatedWith(getPod(t, run1), gateFor("singleton")) })
 	bind(t, run1)
 	setContainers(t, run1, corev1.PodPending, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff"}})
+	shortenStartTimeout(t, lock, "Starting", "ImagePullBackOff")
 
 	want := "run-1 has not started for 1s: ImagePullBackOff"
 	eventually(t, "the HolderStarted condition to say why", func() bool {
@@ -458,13 +472,11 @@ func TestCase7EvictionRefusedByABudget(t *testing.T) {
 	if err := k8s.Status().Update(context.Background(), budget); err != nil {
 		t.Fatal(err)
 	}
-	lock := createLock(t, ns, "singleton", "job", func(l *locksv1.DistributedLock) {
-		l.Spec.StartTimeout = &metav1.Duration{Duration: time.Second}
-		l.Spec.DeleteUnstarted = true
-	})
+	lock := createLock(t, ns, "singleton", "job", func(l *locksv1.DistributedLock) { l.Spec.DeleteUnstarted = true })
 	eventually(t, "run-1 to be ungated", func() bool { return !gatedWith(getPod(t, run1), gateFor("singleton")) })
 	bind(t, run1)
 	setContainers(t, run1, corev1.PodRunning, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}})
+	shortenStartTimeout(t, lock, "Starting", "CrashLoopBackOff")
 	time.Sleep(time.Second) // the start timeout
 
 	res := reconcileKey(t, h, lockKey(lock))
