@@ -909,14 +909,22 @@ func (f *faultRun) recover() {
 			f.restartReplica(r)
 		}
 	}
-	f.logf("faults over; waiting for deleted locks to be created again")
+	// Selectors first: a lock being deleted waits for the pods whose gate
+	// it lifted to stop, and such a pod may wait for its next lock, whose
+	// selector a fault left it out of.
+	f.logf("faults over; restoring selectors, then waiting for deleted locks to be created again")
+	for _, l := range f.locks() {
+		err := f.k8s.Get(context.Background(), client.ObjectKey{Namespace: l.ref.namespace, Name: l.ref.name}, &locksv1.DistributedLock{})
+		if !apierrors.IsNotFound(err) {
+			f.setSelector(l.ref, allPods(l.ref))
+		}
+	}
 	f.pending.Wait()
 	for _, l := range f.locks() {
 		err := f.k8s.Get(context.Background(), client.ObjectKey{Namespace: l.ref.namespace, Name: l.ref.name}, &locksv1.DistributedLock{})
 		if apierrors.IsNotFound(err) {
 			f.createLock(l)
 		}
-		f.setSelector(l.ref, allPods(l.ref))
 	}
 	f.logf("restored; waiting up to %v for every Job to finish", faultRecovery)
 	deadline := time.Now().Add(faultRecovery)
