@@ -235,18 +235,19 @@ func TestCase3TwoLocksOnOnePod(t *testing.T) {
 	h := startManager(t)
 	ns := newNamespace(t)
 	web := createPod(t, ns, "web-1", "web")
-	createLock(t, ns, "reader", "web")
-	createLock(t, ns, "writer", "web")
-	eventually(t, "web-1 to carry both locks' marks", func() bool {
+	reader := createLock(t, ns, "reader", "web")
+	writer := createLock(t, ns, "writer", "web")
+	eventually(t, "web-1 to carry both locks' marks and statuses", func() bool {
 		p := getPod(t, web)
-		return markedBy(p, "reader") && markedBy(p, "writer")
+		return markedBy(p, "reader") && markedBy(p, "writer") && holderOf(t, reader) == "web-1" && holderOf(t, writer) == "web-1"
 	})
-	time.Sleep(500 * time.Millisecond) // let the grants' own writes finish
-	before := h.writes.Load()
-	time.Sleep(time.Second)
-	if n := h.writes.Load() - before; n != 0 {
-		t.Fatalf("%d API writes in a second with both locks held steadily, want 0", n)
-	}
+	// The grants' own writes end (how soon depends on the machine's load);
+	// a controller fighting itself never has a quiet second.
+	eventually(t, "a second without API writes, both locks held steadily", func() bool {
+		before := h.writes.Load()
+		time.Sleep(time.Second)
+		return h.writes.Load() == before
+	})
 
 	// run-b is guarded by both; run-a, older, by "b-lock" only and holds it.
 	runA := createPod(t, ns, "run-a", "batch", gatedBy("b-lock"))

@@ -87,13 +87,14 @@ func TestReview2GranteesOwnClientErasesTheGrant(t *testing.T) {
 	bind(t, run1)
 
 	// Redis loses the controller's hold, and run-1's own client takes the
-	// key first, for two seconds.
+	// key first, for ten seconds: time for a loaded machine's controller to
+	// find it at its next renewal and record it before it lapses.
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rdb.Close()
 	if _, err := rdb.TxPipelined(context.Background(), func(p redis.Pipeliner) error {
 		p.Del(context.Background(), key)
 		p.HSet(context.Background(), key, string(run1.UID)+":1", 1)
-		p.PExpire(context.Background(), key, 2*time.Second)
+		p.PExpire(context.Background(), key, 10*time.Second)
 		return nil
 	}); err != nil {
 		t.Fatal(err)

@@ -96,7 +96,9 @@ func TestElectionLossCancelsTheTerm(t *testing.T) {
 	srv := redistest.Start(t)
 	name := lockName(t)
 	ctx := testContext(t)
-	aClient := newClient(t, srv.Client(t), redislock.Options{WatchdogLease: 300 * time.Millisecond})
+	// A lease a loaded machine's stalls do not end before the ForceRelease:
+	// the term must end for the other owner found, not for a lapse.
+	aClient := newClient(t, srv.Client(t), redislock.Options{WatchdogLease: 1500 * time.Millisecond})
 	a := campaign(t, aClient, name)
 	first := a.nextTerm(t)
 

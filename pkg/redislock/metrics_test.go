@@ -22,28 +22,33 @@ func TestMetrics(t *testing.T) {
 	if err := reg.Register(metrics); err != nil {
 		t.Fatal(err)
 	}
-	c := newClient(t, srv.Client(t), redislock.Options{WatchdogLease: 300 * time.Millisecond, Metrics: metrics})
+	c := newClient(t, srv.Client(t), redislock.Options{WatchdogLease: 1500 * time.Millisecond, Metrics: metrics})
 	m := newMutex(t, c, lockName(t), nil)
 	held := mustLock(t, ctx, m)
-	time.Sleep(450 * time.Millisecond) // four renewal intervals
+	// gather gives the registry's observations and counter values by name.
+	gather := func() map[string]int {
+		counts := map[string]int{}
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			for _, metric := range f.GetMetric() {
+				if h := metric.GetHistogram(); h != nil {
+					counts[f.GetName()] = int(h.GetSampleCount())
+				} else {
+					counts[f.GetName()] = int(metric.GetCounter().GetValue())
+				}
+			}
+		}
+		return counts
+	}
+	waitFor(t, func() bool { return gather()["redislock_renewals_total"] >= 2 }, "two renewals")
 	mustUnlock(t, ctx, held)
 	short := newMutex(t, c, lockName(t)+"-short", &redislock.MutexOptions{Lease: 50 * time.Millisecond})
 	waitDone(t, mustLock(t, ctx, short).Done(), 10*time.Second, "the short lease's end")
 
-	counts := map[string]int{}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		for _, metric := range f.GetMetric() {
-			if h := metric.GetHistogram(); h != nil {
-				counts[f.GetName()] = int(h.GetSampleCount())
-			} else {
-				counts[f.GetName()] = int(metric.GetCounter().GetValue())
-			}
-		}
-	}
+	counts := gather()
 	if counts["redislock_acquire_latency_seconds"] != 2 || counts["redislock_wait_seconds"] != 2 || counts["redislock_hold_seconds"] != 1 {
 		t.Errorf("acquire, wait and hold observations = %v", counts)
 	}
