@@ -271,9 +271,9 @@ func TestStartedHoldersAreNeverEvictedAsNotStarted(t *testing.T) {
 			t.Errorf("lock %s's HolderStarted is %+v, want reason %s", lock.Name, c, want)
 		}
 	}
-	if !eventOn(t, ns, "DistributedLock", "crash", "HolderRestarting") {
-		t.Error("no HolderRestarting Event tells of the crash loop")
-	}
+	eventually(t, "a HolderRestarting Event to tell of the crash loop", func() bool {
+		return eventOn(t, ns, "DistributedLock", "crash", "HolderRestarting")
+	})
 }
 
 // Case 5: a pod gated by a lock that does not select it takes no key, not

@@ -129,9 +129,16 @@ func TestHolderLeavingThePodFilterKeepsTheLock(t *testing.T) {
 
 	token := inspect(t, key).Token
 	h.stop()
+	// The key gets a minute, so that it does not run out while a loaded
+	// machine starts the next manager; adopting it sets its lease back.
+	if err := rdb.PExpire(context.Background(), key, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
 	h = startManagerOn(t, managerConfig{redisAddr: redisAddr, pods: optInPods})
 	reconcile(t, h, lock)
-	time.Sleep(2*getLock(t, lock).Spec.LeaseDuration.Duration + 500*time.Millisecond) // only the new manager renews
+	lease := getLock(t, lock).Spec.LeaseDuration.Duration
+	eventually(t, "the new manager to adopt "+key, func() bool { ttl := inspect(t, key).TTL; return ttl > 0 && ttl <= lease })
+	time.Sleep(2*lease + 500*time.Millisecond) // only the new manager renews
 	if info := inspect(t, key); !holds(t, key, leader) || info.Token != token {
 		t.Fatalf("two leases after a new manager started, %s is held by %+v with token %d, want the leader's adopted hold, token %d",
 			key, info.Holders, info.Token, token)

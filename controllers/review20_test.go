@@ -291,9 +291,13 @@ func TestReviewATokenBelowTheRecordStrandsTheGrantee(t *testing.T) {
 	first := createPod(t, ns, "first", "job", gatedBy("singleton"))
 	createPod(t, ns, "second", "job", gatedBy("singleton"))
 	eventually(t, "first to be granted", func() bool { return holds(t, key, first) })
-	time.Sleep(12 * time.Second) // past the recorded token's time: the clock has caught up
-	if gatedWith(getPod(t, first), gateFor("singleton")) {
-		t.Fatalf("first holds %s (token %d) but its lift is refused: still gated; lock status: %+v", key, inspect(t, key).Token, getLock(t, lock).Status.Conditions)
+	time.Sleep(time.Until(time.UnixMicro(ahead))) // past the recorded token's time: the clock has caught up
+	deadline := time.Now().Add(20 * time.Second)
+	for gatedWith(getPod(t, first), gateFor("singleton")) {
+		if time.Now().After(deadline) {
+			t.Fatalf("first holds %s (token %d) but its lift is refused: still gated 20 s after the clock caught up; lock status: %+v", key, inspect(t, key).Token, getLock(t, lock).Status.Conditions)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

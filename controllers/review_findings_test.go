@@ -71,8 +71,9 @@ func TestDeletedMarksAreRestored(t *testing.T) {
 	if err := k8s.Patch(context.Background(), getPod(t, p1), client.RawPatch(types.MergePatchType, patch)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
-	restored := markedBy(getPod(t, p1), "a")
+	// Nothing polls a grant the controller keeps: only the pod's update
+	// can bring the marks back.
+	eventually(t, "p1's deleted marks to be written back", func() bool { return markedBy(getPod(t, p1), "a") })
 
 	// The manager is away longer than the 3 s lease, and comes back.
 	first.stop()
@@ -81,11 +82,7 @@ func TestDeletedMarksAreRestored(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	p2now := getPod(t, p2)
 	if !gatedWith(p2now, gateFor("a")) {
-		t.Errorf("p2 was ungated while p1, granted %s, still runs (p1's marks restored before the restart: %v); Redis: %+v",
-			key, restored, inspect(t, key))
-	}
-	if !restored {
-		t.Errorf("p1's deleted marks were not written back within 3 s")
+		t.Errorf("p2 was ungated while p1, granted %s, still runs; Redis: %+v", key, inspect(t, key))
 	}
 }
 

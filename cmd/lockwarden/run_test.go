@@ -167,7 +167,8 @@ func TestRunLockLost(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
 			const name = "lost"
-			p := f.start(t, "run", "--lock", name, "--lease", "1s", "--grace", "500ms", "--",
+			// A lease a loaded machine's stalls do not end before the fault.
+			p := f.start(t, "run", "--lock", name, "--lease", "3s", "--grace", "500ms", "--",
 				"sh", "-c", "echo started; "+tc.script)
 			p.line(t)
 			tc.fault(t, f, name)

@@ -318,7 +318,9 @@ func TestGracefulDeletionStopsSidecarLast(t *testing.T) {
 		t.Fatalf("runs %s, want the app and the sidecar stopped by SIGTERM", got)
 	}
 	proxy, work := runs[0], runs[1]
-	if d := work.End.Sub(deleted); d < 400*time.Millisecond || d > 2*time.Second {
+	// Upper bounds below the 10 s grace period, and above a loaded
+	// machine's lag.
+	if d := work.End.Sub(deleted); d < 400*time.Millisecond || d > 6*time.Second {
 		t.Errorf("the app container stopped %v after the deletion, want its 500ms stop delay", d)
 	}
 	if d := proxy.End.Sub(work.End); d < 900*time.Millisecond {
@@ -337,7 +339,7 @@ func TestGracefulDeletionStopsSidecarLast(t *testing.T) {
 	if got := describe(runs); got != "work 137" {
 		t.Fatalf("runs %s, want the app killed", got)
 	}
-	if d := runs[0].End.Sub(deleted); d < time.Second || d > 4*time.Second {
+	if d := runs[0].End.Sub(deleted); d < time.Second || d > 6*time.Second {
 		t.Errorf("killed %v after the deletion, want its 2s grace period (to the second)", d)
 	}
 }

@@ -327,11 +327,12 @@ func TestOneOwnerFromTwoClientsCountsLevels(t *testing.T) {
 func TestFailedLastUnlockStopsRenewal(t *testing.T) {
 	p := startProxied(t)
 	ctx := testContext(t)
-	// Short timeouts, so the Unlock fails well within the lease.
+	// Timeouts short enough that the Unlock fails well within the lease,
+	// long enough that a loaded machine's Lock and renewals do not.
 	rdb := redis.NewClient(&redis.Options{Addr: p.proxy.Addr, MaxRetries: -1,
-		ReadTimeout: 50 * time.Millisecond, WriteTimeout: 50 * time.Millisecond})
+		ReadTimeout: 250 * time.Millisecond, WriteTimeout: 250 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
-	c := newClient(t, rdb, redislock.Options{WatchdogLease: time.Second, RetryFallback: 50 * time.Millisecond, QueueTTL: 100 * time.Millisecond})
+	c := newClient(t, rdb, redislock.Options{WatchdogLease: 3 * time.Second, RetryFallback: 50 * time.Millisecond, QueueTTL: 100 * time.Millisecond})
 	m := newMutex(t, c, lockName(t), nil)
 	hold := mustLock(t, ctx, m)
 

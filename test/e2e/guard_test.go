@@ -287,6 +287,10 @@ func TestPendingAfterUngating(t *testing.T) {
 		return false, nil
 	})
 	createJob(t, ns, "waiting", jobSpec(guarded, time.Second))
+	eventually(t, 20*time.Second, "the waiting Job's pod, gated", func() (bool, error) {
+		n, err := gatedPods(ns, guarded)
+		return n == 1, err
+	})
 	time.Sleep(3 * time.Second)
 	if n, err := gatedPods(ns, guarded); err != nil || n != 1 {
 		t.Fatalf("%d gated pods (err %v), want 1: the waiting Job's, behind the stuck holder", n, err)
