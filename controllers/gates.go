@@ -136,16 +136,19 @@ func (g *gateChecker) setupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("lockgates").
 		Watches(&corev1.Pod{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(gated)).
-		// A lock's status changes with every grant: only its spec, its
-		// coming and its going concern the pods behind its gate.
-		Watches(&locksv1.DistributedLock{}, handler.EnqueueRequestsFromMapFunc(g.podsBehind),
-			builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
-				UpdateFunc: func(e event.UpdateEvent) bool {
-					return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
-				},
-			}))).
+		Watches(&locksv1.DistributedLock{}, handler.EnqueueRequestsFromMapFunc(g.podsBehind), builder.WithPredicates(lockSpecOrLifeChanged)).
 		Complete(g)
 }
+
+// lockSpecOrLifeChanged passes a lock's creation, deletion, and updates of
+// its spec or its deletion timestamp. A lock's status changes with every
+// grant: only its spec, its coming and its going concern the pods behind
+// its gate.
+var lockSpecOrLifeChanged = predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+	},
+})
 
 // podsBehind are the pods that carry the lock's gate.
 func (g *gateChecker) podsBehind(ctx context.Context, obj client.Object) []reconcile.Request {

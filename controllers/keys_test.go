@@ -141,3 +141,27 @@ func TestUnsharingAKeyKeepsARunningGrant(t *testing.T) {
 		return holds(t, key, pa) && !gatedWith(getPod(t, pa), gateFor("a"))
 	})
 }
+
+// A pod behind the gates of two locks is granted the first key only once
+// the second lock could grant it too (whyWaits). So a change to one lock
+// (here its selector, which now selects the pod) must look again at the
+// keys of the other locks gating its pods: nothing else would, and in a
+// fault run a pod waited for ever, every key free.
+func TestAChangeToOneLockLooksAgainAtItsPodsOtherKeys(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	p := createPod(t, ns, "p", "job", gatedBy("first", "second"))
+	first := createLock(t, ns, "first", "job")
+	second := createLock(t, ns, "second", "other")
+	eventually(t, "p to be blocked on the first key, as the second lock does not select it", func() bool {
+		st := getLock(t, first).Status
+		return len(st.Blocked) == 1 && st.Blocked[0].PodName == "p"
+	})
+	settle()
+	updateLock(t, second, func(l *locksv1.DistributedLock) {
+		l.Spec.Candidates.MatchLabels["app"] = "job"
+	})
+	eventually(t, "p to be granted both keys and ungated", func() bool {
+		return holds(t, ns+"/first", p) && holds(t, ns+"/second", p) && len(getPod(t, p).Spec.SchedulingGates) == 0
+	})
+}

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"slices"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -81,6 +82,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	err = builder.TypedControllerManagedBy[KeyRequest](mgr).
 		Named("distributedlock").
 		Watches(&locksv1.DistributedLock{}, handler.TypedEnqueueRequestsFromMapFunc(keyOfLock)).
+		Watches(&locksv1.DistributedLock{}, handler.TypedEnqueueRequestsFromMapFunc(r.keysBesideLock), builder.WithPredicates(lockSpecOrLifeChanged)).
 		Watches(&corev1.Pod{}, handler.TypedEnqueueRequestsFromMapFunc(r.keysForPod), builder.WithPredicates(ignoreOwnMarks)).
 		WatchesRawSource(source.TypedChannel(r.lost, handler.TypedFuncs[string, KeyRequest]{
 			GenericFunc: func(_ context.Context, e event.TypedGenericEvent[string], q workqueue.TypedRateLimitingInterface[KeyRequest]) {
@@ -118,6 +120,44 @@ func keyOfLock(_ context.Context, obj client.Object) []KeyRequest {
 		return nil
 	}
 	return []KeyRequest{{Key: effectiveKey(lock)}}
+}
+
+// keysBesideLock queues the keys of the other locks whose gates the pods
+// behind the lock's gate carry. Whether such a pod may be granted one of
+// those keys depends on this lock (whether it exists, is being deleted,
+// observes, may use its key, selects the pod: whyWaits), and nothing else
+// looks at those keys again when this lock changes: the pod waited, every
+// key free, until something else happened to them.
+func (r *DistributedLockReconciler) keysBesideLock(ctx context.Context, obj client.Object) []KeyRequest {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(obj.GetNamespace()), client.MatchingFields{podLocksIndex: obj.GetName()},
+		client.UnsafeDisableDeepCopy); err != nil {
+		log.FromContext(ctx).Error(err, "cannot list the pods behind a lock's gate", "lock", client.ObjectKeyFromObject(obj))
+		return nil
+	}
+	others := map[string]bool{}
+	for i := range pods.Items {
+		if gates, _ := ourGates(&pods.Items[i]); slices.Contains(gates, obj.GetName()) {
+			for _, name := range gates {
+				if name != obj.GetName() {
+					others[name] = true
+				}
+			}
+		}
+	}
+	var requests []KeyRequest
+	seen := map[string]bool{}
+	for name := range others {
+		lock := &locksv1.DistributedLock{}
+		if r.Get(ctx, client.ObjectKey{Namespace: obj.GetNamespace(), Name: name}, lock) != nil {
+			continue
+		}
+		if key := effectiveKey(lock); !seen[key] {
+			seen[key] = true
+			requests = append(requests, KeyRequest{Key: key})
+		}
+	}
+	return requests
 }
 
 // selectsIndex indexes locks by one "key=value" label their candidate

@@ -149,7 +149,9 @@ func TestCase2OneOwnerUnderOtherTermsCannotCutItsLease(t *testing.T) {
 func TestCase3ShardedSubscriptionsComeBackAfterAFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 1)
 	ctx := testContext(t)
-	opts := redislock.Options{RetryFallback: 4 * time.Second, QueueTTL: 20 * time.Second}
+	// A hand-over the release message missed waits for RetryFallback (less
+	// up to a fifth, and less the wait before the release): 7.7 s or more.
+	opts := redislock.Options{RetryFallback: 10 * time.Second, QueueTTL: 20 * time.Second}
 	holderClient := newClient(t, cl.Client(t), opts)
 	waiterClient := newClient(t, cl.Client(t), opts)
 	name := lockName(t)
@@ -173,8 +175,8 @@ func TestCase3ShardedSubscriptionsComeBackAfterAFailover(t *testing.T) {
 		mustUnlock(t, ctx, r.h)
 		return took
 	}
-	// A hand-over the release message missed waits for RetryFallback; half
-	// of it leaves a loaded machine room while telling the two apart.
+	// Half of RetryFallback leaves a loaded machine room while telling a
+	// wake from a fallback.
 	bound := opts.RetryFallback / 2
 	if d := handOver(); d > bound {
 		t.Fatalf("a hand-over before the failover took %v", d)
@@ -609,7 +611,9 @@ func TestCase12AWaiterBehindALapsedEntryWakesOnARelease(t *testing.T) {
 	admin := newClient(t, srv.Client(t), redislock.Options{})
 	waitFor(t, func() bool { return len(inspect(t, admin, name).Waiters) == 1 }, "the first waiter to queue")
 
-	waiterClient := newClient(t, srv.Client(t), redislock.Options{RetryFallback: 10 * time.Second, QueueTTL: 30 * time.Second})
+	// A fallback far past the bound below, jitter and the time it already
+	// waited before the release taken off.
+	waiterClient := newClient(t, srv.Client(t), redislock.Options{RetryFallback: 30 * time.Second, QueueTTL: time.Minute})
 	got := lockAsync(ctx, newMutex(t, waiterClient, name, nil))
 	waitFor(t, func() bool { return len(inspect(t, admin, name).Waiters) == 2 }, "the second waiter to queue")
 	time.Sleep(300 * time.Millisecond)
@@ -625,8 +629,8 @@ func TestCase12AWaiterBehindALapsedEntryWakesOnARelease(t *testing.T) {
 			t.Fatal(r.err)
 		}
 		mustUnlock(t, ctx, r.h)
-	case <-time.After(5 * time.Second): // half its RetryFallback
-		t.Fatal("the waiter behind a lapsed entry did not take the lock within 5 s of its release (its RetryFallback is 10 s)")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter behind a lapsed entry did not take the lock within 5 s of its release (its RetryFallback is 30 s)")
 	}
 	cancelDead()
 	<-dead

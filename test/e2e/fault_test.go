@@ -1012,7 +1012,8 @@ func (f *faultRun) describeLocks() {
 		for _, c := range lock.Status.Conditions {
 			conds = append(conds, fmt.Sprintf("%s=%s(%s: %s)", c.Type, c.Status, c.Reason, c.Message))
 		}
-		f.t.Logf("lock %s/%s: holder %+v, waiting %v, conditions %v", l.ref.namespace, l.ref.name, lock.Status.Holder, lock.Status.Waiting, conds)
+		f.t.Logf("lock %s/%s (uid %s): holder %+v, grant %+v, waiting %v, blocked %+v, conditions %v", l.ref.namespace, l.ref.name, lock.UID,
+			lock.Status.Holder, lock.Status.Grant, lock.Status.Waiting, lock.Status.Blocked, conds)
 	}
 	for _, key := range f.keys() {
 		fields, err := f.rdb.HGetAll(ctx, key).Result()
@@ -1039,7 +1040,14 @@ func (f *faultRun) describeJobPods(ns, job string) string {
 			}
 		}
 		slices.Sort(marks)
-		out = append(out, fmt.Sprintf("pod %s (uid %s) %s, gates %v, marks %v, deleting %v", p.Name, p.UID, p.Status.Phase, gates, marks, p.DeletionTimestamp != nil))
+		var told []string
+		if events, err := f.cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name}); err == nil {
+			for _, e := range events.Items {
+				told = append(told, fmt.Sprintf("%s x%d: %s", e.Reason, e.Count, e.Message))
+			}
+		}
+		out = append(out, fmt.Sprintf("pod %s (uid %s) %s, labels %v, gates %v, marks %v, deleting %v, events %q",
+			p.Name, p.UID, p.Status.Phase, p.Labels, gates, marks, p.DeletionTimestamp != nil, told))
 	}
 	return strings.Join(out, "; ")
 }
