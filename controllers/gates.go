@@ -143,7 +143,7 @@ func (g *gateChecker) setupWithManager(mgr ctrl.Manager) error {
 // lockSpecOrLifeChanged passes a lock's creation, deletion, and updates of
 // its spec or its deletion timestamp. A lock's status changes with every
 // grant: only its spec, its coming and its going concern the pods behind
-// its gate.
+// its gate, and their other keys (keysBesideLock).
 var lockSpecOrLifeChanged = predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()

@@ -155,7 +155,7 @@ func TestAChangeToOneLockLooksAgainAtItsPodsOtherKeys(t *testing.T) {
 	second := createLock(t, ns, "second", "other")
 	eventually(t, "p to be blocked on the first key, as the second lock does not select it", func() bool {
 		st := getLock(t, first).Status
-		return len(st.Blocked) == 1 && st.Blocked[0].PodName == "p"
+		return len(st.Blocked) == 1 && st.Blocked[0].PodName == "p" && strings.Contains(st.Blocked[0].Reason, "does not select")
 	})
 	settle()
 	updateLock(t, second, func(l *locksv1.DistributedLock) {
@@ -163,5 +163,33 @@ func TestAChangeToOneLockLooksAgainAtItsPodsOtherKeys(t *testing.T) {
 	})
 	eventually(t, "p to be granted both keys and ungated", func() bool {
 		return holds(t, ns+"/first", p) && holds(t, ns+"/second", p) && len(getPod(t, p).Spec.SchedulingGates) == 0
+	})
+}
+
+// The same for a pod that holds its first key and waits behind the second
+// lock's gate: once that lock no longer selects it, the gate can never be
+// lifted, and the pod is late to start rather than waiting (watchStartup),
+// which the first lock's status must say (and, with deleteUnstarted, act
+// on), though nothing happened to the first key.
+func TestAChangeToOneLockLooksAgainAtTheKeysItsPodsHold(t *testing.T) {
+	startManager(t)
+	ns := newNamespace(t)
+	blocker := createPod(t, ns, "blocker", "job", gatedBy("second"))
+	second := createLock(t, ns, "second", "job")
+	eventually(t, "blocker to hold the second key", func() bool { return holds(t, ns+"/second", blocker) })
+	p := createPod(t, ns, "p", "job", gatedBy("first", "second"))
+	first := createLock(t, ns, "first", "job")
+	holderStarted := func() *metav1.Condition {
+		return meta.FindStatusCondition(getLock(t, first).Status.Conditions, locksv1.ConditionHolderStarted)
+	}
+	eventually(t, "p to hold the first key and wait behind the second lock's gate", func() bool {
+		c := holderStarted()
+		return holds(t, ns+"/first", p) && c != nil && c.Reason == "WaitingForGates"
+	})
+	time.Sleep(3 * time.Second) // past any look at the first key the grant asked for
+	updateLock(t, second, func(l *locksv1.DistributedLock) { l.Spec.Candidates.MatchLabels["app"] = "other" })
+	eventually(t, "the first lock to say p is late to start, behind a gate no lock can lift", func() bool {
+		c := holderStarted()
+		return c != nil && c.Reason == "Starting" && strings.Contains(c.Message, "does not select")
 	})
 }

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"slices"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -122,12 +121,13 @@ func keyOfLock(_ context.Context, obj client.Object) []KeyRequest {
 	return []KeyRequest{{Key: effectiveKey(lock)}}
 }
 
-// keysBesideLock queues the keys of the other locks whose gates the pods
-// behind the lock's gate carry. Whether such a pod may be granted one of
-// those keys depends on this lock (whether it exists, is being deleted,
-// observes, may use its key, selects the pod: whyWaits), and nothing else
-// looks at those keys again when this lock changes: the pod waited, every
-// key free, until something else happened to them.
+// keysBesideLock queues the keys of the other locks of the pods behind the
+// lock's gate: those they wait for, and those they hold while they wait.
+// Whether such a pod may be granted a key, or is waiting rather than late
+// to start, depends on this lock (whether it exists, is being deleted, is
+// in mode Grant, may use its key, selects the pod: gateLocks), and nothing
+// else looks at those keys again when this lock changes: a pod waited,
+// every key free, until something else happened to them.
 func (r *DistributedLockReconciler) keysBesideLock(ctx context.Context, obj client.Object) []KeyRequest {
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(obj.GetNamespace()), client.MatchingFields{podLocksIndex: obj.GetName()},
@@ -137,8 +137,8 @@ func (r *DistributedLockReconciler) keysBesideLock(ctx context.Context, obj clie
 	}
 	others := map[string]bool{}
 	for i := range pods.Items {
-		if gates, _ := ourGates(&pods.Items[i]); slices.Contains(gates, obj.GetName()) {
-			for _, name := range gates {
+		if p := &pods.Items[i]; hasGate(p, locksv1.GateFor(obj.GetName())) {
+			for _, name := range locksOn(p) {
 				if name != obj.GetName() {
 					others[name] = true
 				}
@@ -149,7 +149,11 @@ func (r *DistributedLockReconciler) keysBesideLock(ctx context.Context, obj clie
 	seen := map[string]bool{}
 	for name := range others {
 		lock := &locksv1.DistributedLock{}
-		if r.Get(ctx, client.ObjectKey{Namespace: obj.GetNamespace(), Name: name}, lock) != nil {
+		err := r.Get(ctx, client.ObjectKey{Namespace: obj.GetNamespace(), Name: name}, lock, client.UnsafeDisableDeepCopy)
+		if err != nil {
+			if !apierrors.IsNotFound(err) {
+				log.FromContext(ctx).Error(err, "cannot read a lock a pod names", "lock", client.ObjectKeyFromObject(obj), "other", name)
+			}
 			continue
 		}
 		if key := effectiveKey(lock); !seen[key] {
