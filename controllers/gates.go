@@ -117,7 +117,7 @@ func (g *gateChecker) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	return reconcile.Result{}, nil
 }
 
-// setupGateChecker registers the gate checker: it looks at a pod when a
+// setupWithManager registers the gate checker: it looks at a pod when a
 // gated pod changes, and at the pods behind a lock's gate when the lock
 // changes.
 func (g *gateChecker) setupWithManager(mgr ctrl.Manager) error {
