@@ -3,7 +3,6 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -124,7 +123,10 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 	// somebody else is taken back for its pod once the key is free).
 	for _, l := range s.locksIn(d.Namespace) {
 		g := l.Status.Grant
-		if g == nil || g.GateLifted || slices.ContainsFunc(s.holders, func(h holder) bool { return string(h.podUID) == g.PodUID }) {
+		if g == nil || g.GateLifted {
+			continue
+		}
+		if _, held := s.heldBy(types.UID(g.PodUID)); held {
 			continue
 		}
 		if p := s.byUID[types.UID(g.PodUID)]; p == nil || !s.claimed(p) {

@@ -121,8 +121,9 @@ func keyOfLock(_ context.Context, obj client.Object) []KeyRequest {
 	return []KeyRequest{{Key: effectiveKey(lock)}}
 }
 
-// keysBesideLock queues the keys of the other locks of the pods behind the
-// lock's gate: those they wait for, and those they hold while they wait.
+// keysBesideLock queues the keys of the locks of the pods behind the lock's
+// gate (its own among them, which keyOfLock queues anyway): those they wait
+// for, and those they hold while they wait.
 // Whether such a pod may be granted a key, or is waiting rather than late
 // to start, depends on this lock (whether it exists, is being deleted, is
 // in mode Grant, may use its key, selects the pod: gateLocks), and nothing
@@ -135,33 +136,44 @@ func (r *DistributedLockReconciler) keysBesideLock(ctx context.Context, obj clie
 		log.FromContext(ctx).Error(err, "cannot list the pods behind a lock's gate", "lock", client.ObjectKeyFromObject(obj))
 		return nil
 	}
-	others := map[string]bool{}
+	var keys keyRequests
 	for i := range pods.Items {
 		if p := &pods.Items[i]; hasGate(p, locksv1.GateFor(obj.GetName())) {
-			for _, name := range locksOn(p) {
-				if name != obj.GetName() {
-					others[name] = true
-				}
-			}
+			keys.addNamed(ctx, r, p.Namespace, locksOn(p))
 		}
 	}
-	var requests []KeyRequest
-	seen := map[string]bool{}
-	for name := range others {
+	return keys.list
+}
+
+// keyRequests gathers the keys of locks, each once.
+type keyRequests struct {
+	seen map[string]bool
+	list []KeyRequest
+}
+
+func (k *keyRequests) add(lock *locksv1.DistributedLock) {
+	if k.seen == nil {
+		k.seen = map[string]bool{}
+	}
+	if key := effectiveKey(lock); !k.seen[key] {
+		k.seen[key] = true
+		k.list = append(k.list, KeyRequest{Key: key})
+	}
+}
+
+// addNamed adds the keys of the locks of the namespace with these names
+// that exist; read-only, so the cache's objects are used as they are.
+func (k *keyRequests) addNamed(ctx context.Context, r *DistributedLockReconciler, namespace string, names []string) {
+	for _, name := range names {
 		lock := &locksv1.DistributedLock{}
-		err := r.Get(ctx, client.ObjectKey{Namespace: obj.GetNamespace(), Name: name}, lock, client.UnsafeDisableDeepCopy)
-		if err != nil {
-			if !apierrors.IsNotFound(err) {
-				log.FromContext(ctx).Error(err, "cannot read a lock a pod names", "lock", client.ObjectKeyFromObject(obj), "other", name)
-			}
-			continue
-		}
-		if key := effectiveKey(lock); !seen[key] {
-			seen[key] = true
-			requests = append(requests, KeyRequest{Key: key})
+		err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, lock, client.UnsafeDisableDeepCopy)
+		switch {
+		case err == nil:
+			k.add(lock)
+		case !apierrors.IsNotFound(err):
+			log.FromContext(ctx).Error(err, "cannot read a lock a pod names", "lock", client.ObjectKey{Namespace: namespace, Name: name})
 		}
 	}
-	return requests
 }
 
 // selectsIndex indexes locks by one "key=value" label their candidate
@@ -199,23 +211,9 @@ func (r *DistributedLockReconciler) keysForPod(ctx context.Context, obj client.O
 	if !ok {
 		return nil
 	}
-	var requests []KeyRequest
-	seen := map[string]bool{}
-	add := func(lock *locksv1.DistributedLock) {
-		if key := effectiveKey(lock); !seen[key] {
-			seen[key] = true
-			requests = append(requests, KeyRequest{Key: key})
-		}
-	}
 	// The locks whose gate or marks the pod carries.
-	for _, name := range locksOn(pod) {
-		lock := &locksv1.DistributedLock{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, lock); err == nil {
-			add(lock)
-		} else if !apierrors.IsNotFound(err) {
-			log.FromContext(ctx).Error(err, "cannot read a lock a pod names", "pod", client.ObjectKeyFromObject(pod), "lock", name)
-		}
-	}
+	var keys keyRequests
+	keys.addNamed(ctx, r, pod.Namespace, locksOn(pod))
 	// The locks that may select it, by its labels; read-only, so the
 	// cache's objects are used as they are.
 	for _, value := range append(podLabelPairs(pod), anyLabels) {
@@ -227,11 +225,11 @@ func (r *DistributedLockReconciler) keysForPod(ctx context.Context, obj client.O
 		}
 		for i := range locks.Items {
 			if selects(&locks.Items[i], pod) {
-				add(&locks.Items[i])
+				keys.add(&locks.Items[i])
 			}
 		}
 	}
-	return requests
+	return keys.list
 }
 
 // podLabelPairs are the pod's labels as "key=value".

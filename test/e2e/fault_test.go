@@ -914,10 +914,7 @@ func (f *faultRun) recover() {
 	// selector a fault left it out of.
 	f.logf("faults over; restoring selectors, then waiting for deleted locks to be created again")
 	for _, l := range f.locks() {
-		err := f.k8s.Get(context.Background(), client.ObjectKey{Namespace: l.ref.namespace, Name: l.ref.name}, &locksv1.DistributedLock{})
-		if !apierrors.IsNotFound(err) {
-			f.setSelector(l.ref, allPods(l.ref))
-		}
+		f.setSelector(l.ref, allPods(l.ref)) // one deleted meanwhile comes back with it
 	}
 	f.pending.Wait()
 	for _, l := range f.locks() {
