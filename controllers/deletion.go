@@ -25,6 +25,9 @@ func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scop
 	var errs []error
 	for _, d := range s.deleting {
 		if p := s.waitsFor(d); p != nil {
+			if err := r.finishLift(ctx, s, d, p); err != nil {
+				errs = append(errs, err)
+			}
 			setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, "WaitingForHolder", fmt.Sprintf(
 				"being deleted: pod %s, whose gate this lock lifted, keeps %s until it stops, and the lock goes then; to end its run now, delete the pod", p.Name, s.key))
 			continue
@@ -39,6 +42,31 @@ func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scop
 		}
 	}
 	return kerrors.NewAggregate(errs)
+}
+
+// finishLift lifts the deleting lock's gate from the pod its status records
+// lifting it from, if the pod still carries it and the key is held for it:
+// the record comes before the lift (recordGrant), and the manager that made
+// it stopped in between, or its lift failed, before the lock was deleted.
+// A lock being deleted makes no new grant and lifts no gate of its own
+// accord, but this lift is the recorded grant's: left undone, the pod could
+// never start, and the lock, which waits for it to stop, never go.
+func (r *DistributedLockReconciler) finishLift(ctx context.Context, s *scope, d *locksv1.DistributedLock, pod *corev1.Pod) error {
+	h, held := s.heldBy(pod.UID)
+	if !hasGate(pod, locksv1.GateFor(d.Name)) || !held || !h.byController() {
+		return nil // lifted already; or the key is taken back for the pod first (keepGrants)
+	}
+	if _, err := r.confirmNoOtherGrant(ctx, s, pod); err != nil {
+		return err
+	}
+	want := pod.DeepCopy()
+	setMarks(want, d.Name, string(h.owner), s.info.Token)
+	liftGate(want, d.Name)
+	if err := r.patchPod(ctx, pod, want); err != nil {
+		return err
+	}
+	log.FromContext(ctx).Info("lifted the gate its record says a lock being deleted lifted", "key", s.key, "lock", d.Name, "pod", pod.Name, "token", s.info.Token)
+	return nil
 }
 
 // letGo removes the lock's finalizer: it has nothing left to release.

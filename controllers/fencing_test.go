@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/redistest"
+	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
 // liftGateOf removes the lock's gate from the pod, writing the token
@@ -163,4 +165,78 @@ func waitForFencing(t *testing.T) {
 	}
 	probe := createPod(t, ns, "probe", "probe", gatedBy("probe"))
 	eventually(t, "the fencing policy to be enforced", func() bool { return liftGateOf(probe, "probe", "1") != nil })
+}
+
+// A lock deleted while its manager was stopped between the record of a
+// grant, which says the lock lifted its gate, and the lift itself: the pod
+// still carries the gate. The lock waits for the pod to stop before it
+// goes, so the pod must get past the gate. The manager that takes over
+// finishes the lift the record promised, under the grant it holds for the
+// pod; the lock goes once the pod stops. Before, the pod waited for a gate
+// that a lock being deleted would not lift, and the lock for a pod that
+// could never start (the fault run, seed 1795662721169089640).
+func TestALockDeletedBeforeItsRecordedLiftFinishesIt(t *testing.T) {
+	srv := redistest.Start(t)
+	cut := redistest.StartProxy(t, srv.Addr)
+	ns := newNamespace(t)
+	var armed atomic.Bool
+	armed.Store(true)
+	paused, wake := make(chan struct{}), make(chan struct{})
+	// A stops at x's ungate, after recording it: its Redis goes quiet at
+	// once, and its write waits for the wake.
+	a := startManagerOn(t, managerConfig{redisAddr: cut.Addr, namespaces: []string{ns},
+		intercept: func(obj client.Object, sub string) func(error) {
+			pod, ok := obj.(*corev1.Pod)
+			if !ok || pod.Name != "x" || sub != "" || gatedWith(pod, gateFor("singleton")) || !armed.CompareAndSwap(true, false) {
+				return nil
+			}
+			cut.Cut()
+			close(paused)
+			<-wake
+			return nil
+		}})
+	resume := sync.OnceFunc(func() { close(wake) })
+	t.Cleanup(resume) // before A stops
+	x := createPod(t, ns, "x", "job", gatedBy("singleton"))
+	lock := createLock(t, ns, "singleton", "job")
+	select {
+	case <-paused:
+	case <-time.After(20 * time.Second):
+		t.Fatal("manager A never came to x's ungate")
+	}
+	if g := getLock(t, lock).Status.Grant; g == nil || g.PodName != "x" || !g.GateLifted {
+		t.Fatalf("the lock's record before the ungate: %+v, want x's grant with its gate lifted", g)
+	}
+	if !gatedWith(getPod(t, x), gateFor("singleton")) {
+		t.Fatal("x was ungated while A was stopped before its ungate")
+	}
+
+	deleteLock(t, lock)
+	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns}})
+	eventually(t, "manager B to finish the lift that the deleted lock's record promised", func() bool {
+		return !gatedWith(getPod(t, x), gateFor("singleton"))
+	})
+	if p := getPod(t, x); p.Annotations[locksv1.TokenAnnotationPrefix+"singleton"] == "" {
+		t.Fatalf("x was ungated without the grant's fencing token: %v", p.Annotations)
+	}
+	if lockGone(t, lock) {
+		t.Fatal("the lock went while x, whose gate it lifted, had not stopped")
+	}
+	resume()
+	a.stop()
+
+	eventually(t, "x's run to end", func() bool {
+		p := getPod(t, x)
+		p.Status.Phase = corev1.PodSucceeded
+		return k8s.Status().Update(context.Background(), p) == nil
+	})
+	eventually(t, "the lock to go once x stopped", func() bool { return lockGone(t, lock) })
+	c, err := redislock.New(srv.Client(t), redislock.Options{ID: "inspector"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if info, err := c.Inspect(context.Background(), lockKey(lock)); err != nil || info.Held() {
+		t.Fatalf("the key once the lock went: %+v, %v; want it free", info, err)
+	}
 }

@@ -68,6 +68,8 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 				return err
 			}
 			log.FromContext(ctx).Error(err, "cannot update a pod's marks", "key", s.key, "pod", client.ObjectKeyFromObject(pod))
+		} else if len(want.Spec.SchedulingGates) < len(pod.Spec.SchedulingGates) {
+			log.FromContext(ctx).Info("lifted the lock's gate", "key", s.key, "pod", pod.Name, "uid", pod.UID, "token", s.info.Token)
 		}
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
@@ -81,6 +82,7 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 		}
 	}
 	if s.newGrant && pod != nil {
+		log.FromContext(ctx).Info("granted the lock", "key", s.key, "pod", pod.Name, "uid", pod.UID, "token", token)
 		r.tellGranted(s, pod, token)
 	}
 	return nil

@@ -698,20 +698,21 @@ func (w *soakWorker) reenter(hold *redislock.Hold, m *redislock.Mutex, held time
 // with the same Hold, which resends the same request: Redis applies it at
 // most once. A last Unlock that failed ends the hold anyway, and the retry
 // then reports ErrNotHeld.
-func (w *soakWorker) unlock(hold *redislock.Hold) {
+func (w *soakWorker) unlock(hold *redislock.Hold) (released bool) {
 	for range 100 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := hold.Unlock(ctx)
 		cancel()
 		if err == nil {
-			return
+			return true
 		}
 		w.noteError("unlock", err)
 		if !errors.Is(err, redislock.ErrUnavailable) {
-			return
+			return false
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return false
 }
 
 // countViolation counts a violation the worker saw itself in the checker.

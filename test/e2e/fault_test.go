@@ -940,7 +940,10 @@ func (f *faultRun) check() {
 	for _, key := range f.keys() {
 		runs := checkKey(t, key) // reports each overlap
 		ran += len(runs)
-		overlapping += len(overlaps(runs))
+		if o := overlaps(runs); len(o) > 0 {
+			overlapping += len(o)
+			f.describeOverlap(runs, o)
+		}
 		r := tokenRegressions(runs)
 		regressions += len(r)
 		for i, v := range r {
@@ -993,6 +996,27 @@ func (f *faultRun) check() {
 		}
 	}
 	t.Logf("the replicas' logs name %d refusals of a stale fencing record or gate lift", refused)
+}
+
+// describeOverlap logs, for each pod of an overlap, the tokens it was
+// marked with and what the replicas' logs say of it, to tell which replica
+// let it run and why (the check itself never reads them).
+func (f *faultRun) describeOverlap(runs []podRun, overlaps []string) {
+	for _, r := range runs {
+		if !slices.ContainsFunc(overlaps, func(o string) bool { return strings.Contains(o, r.pod+" ") }) {
+			continue
+		}
+		_, name, _ := strings.Cut(r.pod, "/")
+		f.t.Logf("pod %s (uid %s), marked with tokens %v; the replicas' log lines naming it:", r.pod, r.uid, r.tokens)
+		for _, rep := range f.replicas {
+			data, _ := os.ReadFile(rep.log)
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(line, name) || strings.Contains(line, string(r.uid)) {
+					f.t.Logf("replica %d: %s", rep.idx, line)
+				}
+			}
+		}
+	}
 }
 
 // describeLocks logs what the locks' status and Redis say, to tell why
