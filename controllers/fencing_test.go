@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -238,5 +240,89 @@ func TestALockDeletedBeforeItsRecordedLiftFinishesIt(t *testing.T) {
 	defer c.Close()
 	if info, err := c.Inspect(context.Background(), lockKey(lock)); err != nil || info.Held() {
 		t.Fatalf("the key once the lock went: %+v, %v; want it free", info, err)
+	}
+}
+
+// No gate is lifted before the lock's status records the grant it comes
+// from (recordGrant): the record is what keeps a grant sticky, so a lift
+// without it can be followed by a second grant of the key. Here the status
+// records pod a's grant, while the key is held in Redis for pod b (another
+// manager, acting on an older view, took it). Just after the manager reads
+// its scope, a stops: the manager's check past the cache then finds a's
+// grant over, but the record of b's grant cannot be written yet, since the
+// status still names a's grant, which the scope saw running. The oracle is
+// the API server's record at the moment of each ungate, not the
+// controller's reasoning. Before, b was ungated with a's grant recorded
+// (the fault run, seed 1795666297250708953).
+func TestNoGateIsLiftedBeforeItsGrantIsRecorded(t *testing.T) {
+	srv := redistest.Start(t)
+	ns := newNamespace(t)
+	a := createPod(t, ns, "a", "job")
+	b := createPod(t, ns, "b", "job", gatedBy("singleton"))
+	lock := newLock(ns, "singleton", "job")
+	if err := k8s.Create(context.Background(), lock); err != nil {
+		t.Fatal(err)
+	}
+	if err := updateLockStatus(t, lock, func(l *locksv1.DistributedLock) {
+		l.Status.HighestToken = 1
+		l.Status.Grant = &locksv1.LockGrant{PodName: "a", PodUID: string(a.UID), Token: 1, GateLifted: true, Since: metav1.Now()}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := redislock.New(srv.Client(t), redislock.Options{ID: "other-manager", WatchdogLease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	m, err := other.NewMutex(lockKey(lock), &redislock.MutexOptions{Owner: redislock.Owner(string(b.UID) + ":0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.TryLock(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	var (
+		h          *harness
+		ready      = make(chan struct{})
+		stoppedA   atomic.Bool
+		unrecorded atomic.Value
+	)
+	h = startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns},
+		intercept: func(obj client.Object, sub string) func(error) {
+			switch o := obj.(type) {
+			case *locksv1.DistributedLock:
+				// The lock's first write, its finalizer, comes after the
+				// scope is read: a stops now, and the manager's cache sees it.
+				if sub == "" && stoppedA.CompareAndSwap(false, true) {
+					<-ready
+					p := getPod(t, a)
+					p.Status.Phase = corev1.PodSucceeded
+					if err := k8s.Status().Update(context.Background(), p); err != nil {
+						t.Error(err)
+					}
+					for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+						seen := &corev1.Pod{}
+						if err := h.cache.Get(context.Background(), client.ObjectKeyFromObject(a), seen); err == nil && seen.Status.Phase == corev1.PodSucceeded {
+							break
+						}
+					}
+				}
+			case *corev1.Pod:
+				if o.Name == "b" && !gatedWith(o, gateFor("singleton")) {
+					if g := getLock(t, lock).Status.Grant; g == nil || g.PodUID != string(b.UID) || !g.GateLifted {
+						unrecorded.Store(fmt.Sprintf("%+v", g))
+					}
+				}
+			}
+			return nil
+		}})
+	close(ready)
+	eventually(t, "b to be ungated once a stopped", func() bool { return !gatedWith(getPod(t, b), gateFor("singleton")) })
+	if !stoppedA.Load() {
+		t.Fatal("the manager wrote no finalizer: the test stopped a at no point")
+	}
+	if v := unrecorded.Load(); v != nil {
+		t.Fatalf("b was ungated while the lock's status recorded %v, not b's grant", v)
 	}
 }

@@ -55,7 +55,7 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 				(selects(l, pod) || hasGate(pod, locksv1.GateFor(l.Name)) || markedBy(pod, l.Name)):
 				h := s.holders[0]
 				setMarks(want, l.Name, string(h.owner), s.info.Token)
-				if s.liftsGate(l, pod) {
+				if s.liftsGate(l, pod) && recordsLift(l, pod) {
 					liftGate(want, l.Name)
 				}
 			case s.conflict && s.grantee != nil && pod.UID == s.grantee.UID:
@@ -73,6 +73,21 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 		}
 	}
 	return nil
+}
+
+// recordsLift reports whether the lock's status, as written, records the
+// pod's grant and the lift of the lock's gate: no gate is lifted before
+// that record (recordGrant). A grant the status could not record waits: the
+// status still names another pod's grant, which the scope, read a moment
+// before a fresher look found that pod stopped, did not yet see end. Lifting
+// regardless once let a manager ungate the holder another manager had just
+// taken the key for, with nothing recorded to keep that grant sticky: the
+// other manager, acting on a view read before, then gave the key back and
+// granted it to the next pod, and two ran (the fault run, seed
+// 1795666297250708953). The next reconcile clears the ended record first.
+func recordsLift(l *locksv1.DistributedLock, pod *corev1.Pod) bool {
+	g := l.Status.Grant
+	return g != nil && g.PodUID == string(pod.UID) && g.GateLifted
 }
 
 // liftGate removes the lock's gate from the pod. The lift goes in the same
