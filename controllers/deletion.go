@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,8 +26,12 @@ func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scop
 	var errs []error
 	for _, d := range s.deleting {
 		if p := s.waitsFor(d); p != nil {
+			// Its failure (a conflict with this reconcile's own patch of the
+			// pod, a view found stale) leaves the statuses to be written, and
+			// the lift to be tried again.
 			if err := r.finishLift(ctx, s, d, p); err != nil {
-				errs = append(errs, err)
+				log.FromContext(ctx).Error(err, "cannot finish a deleting lock's recorded lift", "lock", client.ObjectKeyFromObject(d), "pod", p.Name)
+				s.requeue(time.Second)
 			}
 			setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, "WaitingForHolder", fmt.Sprintf(
 				"being deleted: pod %s, whose gate this lock lifted, keeps %s until it stops, and the lock goes then; to end its run now, delete the pod", p.Name, s.key))
@@ -56,7 +61,21 @@ func (r *DistributedLockReconciler) finishLift(ctx context.Context, s *scope, d 
 	if !hasGate(pod, locksv1.GateFor(d.Name)) || !held || !h.byController() {
 		return nil // lifted already; or the key is taken back for the pod first (keepGrants)
 	}
-	if _, err := r.confirmNoOtherGrant(ctx, s, pod); err != nil {
+	switch behind, err := r.confirmNoOtherGrant(ctx, s, pod); {
+	case behind:
+		// The hold's token is below one recorded for the key (Redis lost
+		// its counter, and this clock is behind), and the admission policy
+		// would refuse the lift. The pod has not started: its hold is given
+		// back and taken again (keepGrants, as the record keeps the grant
+		// its own) until the clock has passed the record.
+		if _, err := s.client.ForceRelease(ctx, s.key, string(pod.UID)); err != nil {
+			return err
+		}
+		r.grants.drop(s.key, pod.UID)
+		s.holders = nil
+		s.requeue(time.Second)
+		return nil
+	case err != nil:
 		return err
 	}
 	want := pod.DeepCopy()

@@ -141,7 +141,8 @@ func (r *DistributedLockReconciler) tokenBehind(ctx context.Context, s *scope, p
 	return r.giveBack(ctx, s, pod, nil)
 }
 
-// lifting reports whether markPods will lift a gate from the pod.
+// lifting reports whether markPods will lift a gate from the pod, once the
+// grant is recorded (recordsLift).
 func (s *scope) lifting(pod *corev1.Pod) bool {
 	for _, l := range s.locksIn(pod.Namespace) {
 		if s.liftsGate(l, pod) {
