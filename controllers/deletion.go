@@ -84,7 +84,7 @@ func (r *DistributedLockReconciler) finishLift(ctx context.Context, s *scope, d 
 	if err := r.patchPod(ctx, pod, want); err != nil {
 		return err
 	}
-	log.FromContext(ctx).Info("lifted the gate its record says a lock being deleted lifted", "key", s.key, "lock", d.Name, "pod", pod.Name, "token", s.info.Token)
+	log.FromContext(ctx).Info("finished the gate lift a deleting lock recorded", "key", s.key, "lock", d.Name, "pod", pod.Name, "token", s.info.Token)
 	return nil
 }
 
