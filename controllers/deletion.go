@@ -63,18 +63,10 @@ func (r *DistributedLockReconciler) finishLift(ctx context.Context, s *scope, d 
 	}
 	switch behind, err := r.confirmNoOtherGrant(ctx, s, pod); {
 	case behind:
-		// The hold's token is below one recorded for the key (Redis lost
-		// its counter, and this clock is behind), and the admission policy
-		// would refuse the lift. The pod has not started: its hold is given
-		// back and taken again (keepGrants, as the record keeps the grant
-		// its own) until the clock has passed the record.
-		if _, err := s.client.ForceRelease(ctx, s.key, string(pod.UID)); err != nil {
-			return err
-		}
-		r.grants.drop(s.key, pod.UID)
-		s.holders = nil
-		s.requeue(time.Second)
-		return nil
+		// The pod has not started: its hold is given back and taken again
+		// (keepGrants, as the record keeps the grant its own) until the
+		// clock has passed the record.
+		return r.tokenBehind(ctx, s, pod)
 	case err != nil:
 		return err
 	}

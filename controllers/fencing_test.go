@@ -350,3 +350,137 @@ func TestNoGateIsLiftedBeforeItsGrantIsRecorded(t *testing.T) {
 		t.Fatalf("b was ungated while the lock's status recorded %v, not b's grant", v)
 	}
 }
+
+// A manager that gives back a hold it took, because its record of the grant
+// failed, undoes only its own take. Another manager may hold the same
+// ownership of the key for the same pod: the owner ID is the pod's, so a
+// take by two managers re-enters one hold. Here, just before manager A
+// records x's grant, another manager takes the key for x too, records the
+// grant with its gate lifted, and so makes A's record fail on the
+// resourceVersion. A gives its hold back. The other manager's ownership
+// must survive it: x runs under it, and its gate is lifted with its token.
+// Before, A force-released every level of x's ownership, so the key was
+// free in Redis while the record said x's gate was lifted, and x ran under
+// a second ownership with another token.
+func TestAGivenBackHoldLeavesAnotherManagersHoldOfTheGrant(t *testing.T) {
+	srv := redistest.Start(t)
+	ns := newNamespace(t)
+	// The lease terms of newLock's locks, under which the manager holds them.
+	other, err := redislock.New(srv.Client(t), redislock.Options{ID: "other-manager", WatchdogLease: 3 * time.Second, RenewInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	x := createPod(t, ns, "x", "job", gatedBy("singleton"))
+	var (
+		armed     atomic.Bool
+		otherHold atomic.Pointer[redislock.Hold]
+		refused   = make(chan error, 1)
+	)
+	armed.Store(true)
+	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns},
+		intercept: func(obj client.Object, sub string) func(error) {
+			// A's first status write once it holds the key for x is its
+			// record of the grant it just took.
+			l, ok := obj.(*locksv1.DistributedLock)
+			if !ok || sub != "status" || !armed.Load() {
+				return nil
+			}
+			if info, err := other.Inspect(context.Background(), lockKey(l)); err != nil || !info.Held() || info.Holders[0].Owner != redislock.Owner(string(x.UID)+":0") {
+				return nil
+			}
+			armed.Store(false)
+			m, err := other.NewMutex(lockKey(l), &redislock.MutexOptions{Owner: redislock.Owner(string(x.UID) + ":0")})
+			if err != nil {
+				t.Error(err)
+				return nil
+			}
+			hold, err := m.TryLock(context.Background(), 0)
+			if err != nil {
+				t.Errorf("the other manager's take of x's key: %v", err)
+				return nil
+			}
+			otherHold.Store(hold)
+			if err := updateLockStatus(t, l, func(l *locksv1.DistributedLock) {
+				l.Status.HighestToken = max(l.Status.HighestToken, hold.Token())
+				l.Status.Grant = &locksv1.LockGrant{PodName: "x", PodUID: string(x.UID), Token: hold.Token(), GateLifted: true, Since: metav1.Now()}
+			}); err != nil {
+				t.Error(err)
+			}
+			return func(err error) { refused <- err }
+		}})
+	createLock(t, ns, "singleton", "job")
+	select {
+	case err := <-refused:
+		if !apierrors.IsConflict(err) {
+			t.Fatalf("manager A's record, written after the other manager's: %v, want a conflict", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("manager A never recorded x's grant")
+	}
+	hold := otherHold.Load()
+	eventually(t, "x to be ungated", func() bool { return !gatedWith(getPod(t, x), gateFor("singleton")) })
+
+	if err := hold.Err(); err != nil {
+		t.Fatalf("the other manager's hold of x's grant ended: %v", err)
+	}
+	if err := hold.Refresh(context.Background()); err != nil {
+		t.Fatalf("the other manager's hold of x's grant, renewed: %v", err)
+	}
+	want := strconv.FormatInt(hold.Token(), 10)
+	if got := getPod(t, x).Annotations[locksv1.TokenAnnotationPrefix+"singleton"]; got != want {
+		t.Fatalf("x was ungated with fencing token %s, want %s, the recorded grant's: the key was freed and taken again", got, want)
+	}
+}
+
+// A hold of a pod's grant that the manager adopts rather than takes (a
+// manager took it before a restart, or took it beside this one and is still
+// renewing it) may carry a fencing token below the key's record: Redis lost
+// its counter, and that manager's clock is behind. The admission policy
+// refuses a lift with it, so the whole ownership is given back, whoever
+// renews it, and the key is taken again until the clock has passed the
+// record. Before, only a hold taken by the same reconcile was given back:
+// the adopted one was renewed for ever, and its lift refused for ever.
+func TestAnAdoptedHoldBehindTheRecordIsTakenAgainBeforeTheLift(t *testing.T) {
+	srv := redistest.Start(t)
+	ns := newNamespace(t)
+	x := createPod(t, ns, "x", "job", gatedBy("singleton"))
+	lock := newLock(ns, "singleton", "job")
+	if err := k8s.Create(context.Background(), lock); err != nil {
+		t.Fatal(err)
+	}
+	// Tokens are the clock in microseconds, or one more than the last:
+	// this record is 4 s ahead of any token Redis gives now.
+	highest := time.Now().Add(4 * time.Second).UnixMicro()
+	if err := updateLockStatus(t, lock, func(l *locksv1.DistributedLock) { l.Status.HighestToken = highest }); err != nil {
+		t.Fatal(err)
+	}
+	waitForFencing(t)
+	// The lease terms of newLock's locks, under which the manager holds them.
+	other, err := redislock.New(srv.Client(t), redislock.Options{ID: "other-manager", WatchdogLease: 3 * time.Second, RenewInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	m, err := other.NewMutex(lockKey(lock), &redislock.MutexOptions{Owner: redislock.Owner(string(x.UID) + ":0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	behind, err := m.TryLock(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if behind.Token() >= highest {
+		t.Fatalf("the other manager's token %d is not behind the record %d", behind.Token(), highest)
+	}
+
+	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns}})
+	eventually(t, "x to be ungated", func() bool { return !gatedWith(getPod(t, x), gateFor("singleton")) })
+	if token, err := strconv.ParseInt(getPod(t, x).Annotations[locksv1.TokenAnnotationPrefix+"singleton"], 10, 64); err != nil || token < highest {
+		t.Fatalf("x was ungated with fencing token %d (%v), want one at least %d, the lock's record", token, err, highest)
+	}
+	if err := behind.Refresh(context.Background()); err == nil {
+		t.Fatal("the ownership whose token is behind the record still holds the key")
+	}
+}

@@ -42,7 +42,7 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 		r.remember(s, pod, terms, hold)
 		s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
 		s.info.Token = hold.Token()
-		s.grantee, s.fresh, s.newGrant = pod, true, true
+		s.grantee, s.taken, s.newGrant = pod, hold, true
 		return nil
 	}
 	return nil

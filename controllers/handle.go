@@ -26,6 +26,15 @@ func acquire(ctx context.Context, c *redislock.Client, key string, owner redislo
 	return m.TryLock(ctx, 0)
 }
 
+// giveUp undoes the take of a hold. A hold that already ended, or that
+// another ownership replaced, leaves nothing to undo.
+func giveUp(ctx context.Context, h *handle) error {
+	if err := h.Unlock(ctx); err != nil && !errors.Is(err, redislock.ErrNotHeld) && !errors.Is(err, redislock.ErrNotOwner) {
+		return err
+	}
+	return nil
+}
+
 // released reports whether the hold ended by the controller's own release,
 // rather than being lost.
 func released(h *handle) bool { return errors.Is(h.Err(), redislock.ErrReleased) }

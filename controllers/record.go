@@ -44,7 +44,7 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 	lifting := pod != nil && s.lifting(pod)
 	if lifting {
 		switch behind, err := r.confirmNoOtherGrant(ctx, s, pod); {
-		case behind && s.fresh:
+		case behind:
 			return r.tokenBehind(ctx, s, pod)
 		case err != nil:
 			return r.giveBack(ctx, s, pod, err)
@@ -75,7 +75,7 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 			return r.giveBack(ctx, s, pod, fmt.Errorf("lock %s/%s is gone: %w", l.Namespace, l.Name, err))
 		case apierrors.IsNotFound(err):
 			continue
-		case apierrors.IsInvalid(err) && s.fresh:
+		case apierrors.IsInvalid(err) && s.taken != nil:
 			return r.tokenBehind(ctx, s, pod)
 		case err != nil:
 			return r.giveBack(ctx, s, pod, err)
@@ -128,17 +128,25 @@ func (r *DistributedLockReconciler) patchStatusFields(ctx context.Context, s *sc
 	return nil
 }
 
-// tokenBehind gives back a grant this reconcile took whose token is below
+// tokenBehind gives back the pod's hold of the key, whose token is below
 // one recorded for the key: Redis hands out tokens below one it handed out
-// before (a restart that lost the counter, while this manager's clock is behind
-// the clock of the client that took the last grant). Tokens follow the clock:
-// the key is tried again every second, and taken once this clock has passed
-// the recorded token.
+// before (a restart that lost the counter, while this manager's clock is
+// behind the clock of the client that took the last grant). Tokens follow
+// the clock: the key is tried again every second, and taken once this clock
+// has passed the recorded token. The whole ownership goes, whoever took it
+// (this reconcile, or another manager, before a restart or beside this
+// one): the admission policy refuses a lift with its token, so no gate was
+// lifted with it, and none could be.
 func (r *DistributedLockReconciler) tokenBehind(ctx context.Context, s *scope, pod *corev1.Pod) error {
 	s.notReady = &condition{"FencingTokenBehind", fmt.Sprintf(
 		"a fencing token above %d, the one Redis gave the latest grant, is recorded for the key: the grant was given back, and is tried again every second", s.info.Token)}
 	s.requeue(time.Second)
-	return r.giveBack(ctx, s, pod, nil)
+	if _, err := s.client.ForceRelease(ctx, s.key, string(pod.UID)); err != nil {
+		return err
+	}
+	r.grants.drop(s.key, pod.UID)
+	s.holders, s.grantee, s.taken = nil, nil, nil
+	return nil
 }
 
 // lifting reports whether markPods will lift a gate from the pod, once the
@@ -182,16 +190,19 @@ func (r *DistributedLockReconciler) confirmNoOtherGrant(ctx context.Context, s *
 	return false, nil
 }
 
-// giveBack releases a hold this reconcile took, which must not be used, and
-// returns why (nil if it is no failure).
+// giveBack undoes the take of the hold this reconcile took, which must not
+// be used, and returns why (nil if it is no failure). It undoes that take
+// only: the owner ID is the pod's, so another manager that took the key for
+// the same pod meanwhile re-entered the same ownership, and may have
+// recorded its grant and lifted the gate with it.
 func (r *DistributedLockReconciler) giveBack(ctx context.Context, s *scope, pod *corev1.Pod, why error) error {
-	if !s.fresh || pod == nil {
+	if s.taken == nil {
 		return why
 	}
-	if _, err := s.client.ForceRelease(ctx, s.key, string(pod.UID)); err != nil {
+	if err := giveUp(ctx, s.taken); err != nil {
 		return errors.Join(why, fmt.Errorf("giving the hold back failed: %w", err))
 	}
 	r.grants.drop(s.key, pod.UID)
-	s.holders, s.grantee, s.fresh = nil, nil, false
+	s.holders, s.grantee, s.taken = nil, nil, nil
 	return why
 }

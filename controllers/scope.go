@@ -81,10 +81,12 @@ type scope struct {
 	// somebody else holds the key in Redis meanwhile.
 	grantee  *corev1.Pod
 	conflict bool
-	// fresh is set when this reconcile took the key in Redis for the
-	// grantee: a hold that recordGrant gives back if it must not be used;
-	// newGrant when that is a new grant, not the same grant taken again.
-	fresh, newGrant bool
+	// taken is the hold this reconcile took in Redis for the grantee, if
+	// it took one: recordGrant gives it back if it must not be used.
+	// newGrant is set when that is a new grant, not the same grant taken
+	// again.
+	taken    *handle
+	newGrant bool
 	// notReady, if set, is why the key's locks are not Ready, though Redis
 	// answered.
 	notReady *condition

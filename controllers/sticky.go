@@ -67,7 +67,7 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 		case err == nil:
 			r.remember(s, pod, terms, hold)
 			s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
-			s.info.Token, s.fresh = hold.Token(), true
+			s.info.Token, s.taken = hold.Token(), hold
 			r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
 				"Took %s again for pod %s, which was granted it and has not stopped, with fencing token %d", s.key, pod.Name, hold.Token())
 			return nil
@@ -123,7 +123,7 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 	}
 	r.remember(s, pod, terms, hold)
 	if retaken {
-		s.info.Token, s.fresh = hold.Token(), true
+		s.info.Token, s.taken = hold.Token(), hold
 		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
 			"Took %s again for pod %s under the lock's new lease terms, with fencing token %d", s.key, pod.Name, hold.Token())
 		return nil
