@@ -365,13 +365,7 @@ func TestNoGateIsLiftedBeforeItsGrantIsRecorded(t *testing.T) {
 func TestAGivenBackHoldLeavesAnotherManagersHoldOfTheGrant(t *testing.T) {
 	srv := redistest.Start(t)
 	ns := newNamespace(t)
-	// The lease terms of newLock's locks, under which the manager holds them.
-	other, err := redislock.New(srv.Client(t), redislock.Options{ID: "other-manager", WatchdogLease: 3 * time.Second, RenewInterval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-
+	other := anotherManager(t, srv, newLock(ns, "singleton", "job"))
 	x := createPod(t, ns, "x", "job", gatedBy("singleton"))
 	var (
 		armed     atomic.Bool
@@ -391,12 +385,7 @@ func TestAGivenBackHoldLeavesAnotherManagersHoldOfTheGrant(t *testing.T) {
 				return nil
 			}
 			armed.Store(false)
-			m, err := other.NewMutex(lockKey(l), &redislock.MutexOptions{Owner: redislock.Owner(string(x.UID) + ":0")})
-			if err != nil {
-				t.Error(err)
-				return nil
-			}
-			hold, err := m.TryLock(context.Background(), 0)
+			hold, err := takeFor(other, l, x)
 			if err != nil {
 				t.Errorf("the other manager's take of x's key: %v", err)
 				return nil
@@ -457,17 +446,7 @@ func TestAnAdoptedHoldBehindTheRecordIsTakenAgainBeforeTheLift(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitForFencing(t)
-	// The lease terms of newLock's locks, under which the manager holds them.
-	other, err := redislock.New(srv.Client(t), redislock.Options{ID: "other-manager", WatchdogLease: 3 * time.Second, RenewInterval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	m, err := other.NewMutex(lockKey(lock), &redislock.MutexOptions{Owner: redislock.Owner(string(x.UID) + ":0")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	behind, err := m.TryLock(context.Background(), 0)
+	behind, err := takeFor(anotherManager(t, srv, lock), lock, x)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -483,4 +462,134 @@ func TestAnAdoptedHoldBehindTheRecordIsTakenAgainBeforeTheLift(t *testing.T) {
 	if err := behind.Refresh(context.Background()); err == nil {
 		t.Fatal("the ownership whose token is behind the record still holds the key")
 	}
+}
+
+// A manager that renews a pod's grant, and whose ownership Redis lost
+// (here deleted; a restart without its data does the same) before its
+// watchdog noticed, adopts the ownership another manager took for the same
+// pod meanwhile: it adds a level of its own to it. Before, it took its own
+// live-looking hold for that ownership, recorded the new token and renewed
+// nothing of it, so the other manager's give-back of its take left the key
+// free in Redis under x's recorded, lifted grant.
+func TestAManagerAdoptsTheOwnershipRedisShowsNotTheOneItRenews(t *testing.T) {
+	srv := redistest.Start(t)
+	ns := newNamespace(t)
+	// A long renewal interval: the manager's watchdog does not notice the
+	// loss during the test.
+	lease, renew := time.Minute, 55*time.Second
+	x := createPod(t, ns, "x", "job", gatedBy("singleton"))
+	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns}})
+	lock := createLock(t, ns, "singleton", "job", func(l *locksv1.DistributedLock) {
+		l.Spec.LeaseDuration, l.Spec.RenewInterval = &metav1.Duration{Duration: lease}, &metav1.Duration{Duration: renew}
+	})
+	eventually(t, "x to be ungated", func() bool { return !gatedWith(getPod(t, x), gateFor("singleton")) })
+
+	if err := srv.Client(t).Del(context.Background(), lockKey(lock)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	other := anotherManager(t, srv, lock)
+	take, err := takeFor(other, lock, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The key's next event: x changes.
+	p := getPod(t, x)
+	p.Labels["touched"] = "1"
+	if err := k8s.Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the manager to record the other manager's token", func() bool {
+		return getLock(t, lock).Status.HighestToken == take.Token()
+	})
+
+	if err := take.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := other.Inspect(context.Background(), lockKey(lock)); err != nil || !info.Held() || info.Token != take.Token() {
+		t.Fatalf("x's key once the other manager gave its take back: %+v, %v; want it still held, with token %d", info, err, take.Token())
+	}
+}
+
+// A manager that adopted a hold it must not use gives its level back, as it
+// does a take. Here Redis holds the key for x, taken by a manager acting on
+// an old view, while the status records y's grant, which the manager's view
+// did not show yet when it adopted x's hold: its check past the cache finds
+// y's grant. Once the other manager gives its take back too, the key is free
+// and is taken again for y, whose grant it is. Before, the adopted level was
+// kept and renewed, and the key stayed x's until y stopped.
+func TestAnAdoptedLevelIsGivenBackWhenTheGrantCannotBeChecked(t *testing.T) {
+	srv := redistest.Start(t)
+	ns := newNamespace(t)
+	x := createPod(t, ns, "x", "job", gatedBy("singleton"))
+	y := createPod(t, ns, "y", "job")
+	lock := createLock(t, ns, "singleton", "job")
+	other := anotherManager(t, srv, lock)
+	take, err := takeFor(other, lock, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var armed atomic.Bool
+	armed.Store(true)
+	recorded := make(chan struct{})
+	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns},
+		intercept: func(obj client.Object, sub string) func(error) {
+			// The lock's finalizer comes after the scope is read: y's grant
+			// is recorded just after it.
+			if _, ok := obj.(*locksv1.DistributedLock); !ok || sub != "" || !armed.CompareAndSwap(true, false) {
+				return nil
+			}
+			return func(error) {
+				defer close(recorded)
+				if err := updateLockStatus(t, lock, func(l *locksv1.DistributedLock) {
+					l.Status.HighestToken = max(l.Status.HighestToken, take.Token())
+					l.Status.Grant = &locksv1.LockGrant{PodName: "y", PodUID: string(y.UID), Token: take.Token(), GateLifted: true, Since: metav1.Now()}
+				}); err != nil {
+					t.Error(err)
+				}
+			}
+		}})
+	select {
+	case <-recorded:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the manager never wrote the lock's finalizer")
+	}
+	settle()
+	if err := take.Unlock(context.Background()); err != nil {
+		t.Fatalf("the other manager's give-back: %v", err)
+	}
+	eventually(t, "the key to be taken again for y", func() bool {
+		info, err := other.Inspect(context.Background(), lockKey(lock))
+		return err == nil && len(info.Holders) == 1 && info.Holders[0].Owner == redislock.Owner(string(y.UID)+":0")
+	})
+	if !gatedWith(getPod(t, x), gateFor("singleton")) {
+		t.Fatal("x was ungated while y's grant is recorded")
+	}
+}
+
+// anotherManager is a lock client that takes keys as another manager
+// replica would for the lock: under the lock's lease terms, so that the
+// manager under test re-enters, rather than replaces, an ownership it took.
+func anotherManager(t *testing.T, srv *redistest.Server, lock *locksv1.DistributedLock) *redislock.Client {
+	t.Helper()
+	lease := lock.Spec.LeaseDuration.Duration
+	renew := lease / 3
+	if lock.Spec.RenewInterval != nil {
+		renew = lock.Spec.RenewInterval.Duration
+	}
+	c, err := redislock.New(srv.Client(t), redislock.Options{ID: "other-manager", WatchdogLease: lease, RenewInterval: renew})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// takeFor takes the lock's key for the pod, as a manager's grant does.
+func takeFor(c *redislock.Client, lock *locksv1.DistributedLock, pod *corev1.Pod) (*redislock.Hold, error) {
+	m, err := c.NewMutex(lockKey(lock), &redislock.MutexOptions{Owner: redislock.Owner(string(pod.UID) + ":0")})
+	if err != nil {
+		return nil, err
+	}
+	return m.TryLock(context.Background(), 0)
 }

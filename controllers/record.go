@@ -136,12 +136,14 @@ func (r *DistributedLockReconciler) patchStatusFields(ctx context.Context, s *sc
 // has passed the recorded token. The whole ownership goes, whoever took it
 // (this reconcile, or another manager, before a restart or beside this
 // one): the admission policy refuses a lift with its token, so no gate was
-// lifted with it, and none could be.
+// lifted with it, and none could be. Only that ownership, judged by its
+// token: another manager may have taken the key again for the pod since,
+// with a token above the record, and lifted the gate with it.
 func (r *DistributedLockReconciler) tokenBehind(ctx context.Context, s *scope, pod *corev1.Pod) error {
 	s.notReady = &condition{"FencingTokenBehind", fmt.Sprintf(
 		"a fencing token above %d, the one Redis gave the latest grant, is recorded for the key: the grant was given back, and is tried again every second", s.info.Token)}
 	s.requeue(time.Second)
-	if _, err := s.client.ForceRelease(ctx, s.key, string(pod.UID)); err != nil {
+	if _, err := s.client.ForceReleaseOwnership(ctx, s.key, string(pod.UID), s.info.Token); err != nil {
 		return err
 	}
 	r.grants.drop(s.key, pod.UID)

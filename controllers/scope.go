@@ -81,8 +81,9 @@ type scope struct {
 	// somebody else holds the key in Redis meanwhile.
 	grantee  *corev1.Pod
 	conflict bool
-	// taken is the hold this reconcile took in Redis for the grantee, if
-	// it took one: recordGrant gives it back if it must not be used.
+	// taken is the hold this reconcile took in Redis for the grantee, or
+	// the level it added to adopt one: recordGrant gives it back if it
+	// must not be used.
 	// newGrant is set when that is a new grant, not the same grant taken
 	// again.
 	taken    *handle

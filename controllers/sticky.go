@@ -93,13 +93,18 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 }
 
 // adopt takes over the renewal of a grant made before the manager restarted
-// (or by another manager replica), keeping its fencing token. A grant held
-// under other lease terms (the lock's leaseDuration changed since) cannot be
+// (or by another manager replica), keeping its fencing token. It re-enters
+// the ownership Redis shows unless this process renews that one already:
+// one it renews may have been lost (Redis restarted empty) and the key taken
+// again for the pod by another manager since, whose level is then all that
+// keeps it. The level it adds is this reconcile's take, given back as one
+// (giveBack) if the grant cannot be checked or recorded. A grant held under
+// other lease terms (the lock's leaseDuration changed since) cannot be
 // re-entered under the lock's: the library refuses it, so as not to cut
 // another holder's lease. Nobody else renews the controller's grants, so it
 // takes the key again for the pod under the lock's terms, with a new token.
 func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *corev1.Pod) error {
-	if g := r.grants.get(s.key); g != nil && g.podUID == pod.UID && g.hold != nil && g.hold.Err() == nil {
+	if g := r.grants.get(s.key); g != nil && g.podUID == pod.UID && g.hold != nil && g.hold.Err() == nil && g.hold.Token() == s.info.Token {
 		return nil
 	}
 	terms, c, err := r.clientFor(s, pod)
@@ -109,11 +114,13 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 	hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
 	retaken := false
 	if errors.Is(err, redislock.ErrLeaseMismatch) {
-		if _, err := s.client.ForceRelease(ctx, s.key, string(pod.UID)); err != nil {
-			return err
+		// Only the ownership the scope saw: one taken since is re-entered.
+		n, releaseErr := s.client.ForceReleaseOwnership(ctx, s.key, string(pod.UID), s.info.Token)
+		if releaseErr != nil {
+			return releaseErr
 		}
 		hold, err = acquire(ctx, c, s.key, ownerFor(pod.UID))
-		retaken = true
+		retaken = n > 0
 	}
 	if errors.Is(err, redislock.ErrWaitTimeout) {
 		return nil // lost meanwhile; the next reconcile sees who holds it
@@ -122,8 +129,10 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 		return err
 	}
 	r.remember(s, pod, terms, hold)
+	// The token is the ownership's, which may be newer than the one the
+	// scope read.
+	s.info.Token, s.taken = hold.Token(), hold
 	if retaken {
-		s.info.Token, s.taken = hold.Token(), hold
 		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
 			"Took %s again for pod %s under the lock's new lease terms, with fencing token %d", s.key, pod.Name, hold.Token())
 		return nil

@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -88,6 +89,22 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 // ErrUnavailable if Redis cannot be reached. The controller calls it with a
 // pod UID when the pod terminates.
 func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, error) {
+	return c.forceRelease(ctx, name, clientID, "")
+}
+
+// ForceReleaseOwnership is ForceRelease of one ownership: it removes the
+// holds of the owner ID "<clientID>:<anything>" only while the lock's
+// ownership is the one with the fencing token given (see Hold.Token). An
+// ownership taken since, by the same owner or another, is left alone, and 0
+// returned. The controller calls it to end a grant it judged by its token,
+// where another manager may have taken the pod's key again meanwhile.
+func (c *Client) ForceReleaseOwnership(ctx context.Context, name, clientID string, token int64) (int, error) {
+	return c.forceRelease(ctx, name, clientID, strconv.FormatInt(token, 10))
+}
+
+// forceRelease is ForceRelease of the ownership whose fencing token is
+// token, in decimal, or of any if token is "".
+func (c *Client) forceRelease(ctx context.Context, name, clientID, token string) (int, error) {
 	if err := validateName(name); err != nil {
 		return 0, err
 	}
@@ -99,8 +116,8 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	}
 	k := keysFor(name)
 	prefix := clientID + ":"
-	args := scriptArgs(c.scripts.forceRelease, k.keyArgs, 1)
-	args = append(args, prefix)
+	args := scriptArgs(c.scripts.forceRelease, k.keyArgs, 2)
+	args = append(args, prefix, token)
 	n, err := run(ctx, c.rdb, c.scripts.forceRelease, args).Int()
 	if err != nil {
 		return 0, failure(ctx, err)
@@ -108,7 +125,7 @@ func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, 
 	c.mu.Lock()
 	var released []*ownership
 	for key, l := range c.held {
-		if key.name == name && strings.HasPrefix(string(key.owner), prefix) {
+		if key.name == name && strings.HasPrefix(string(key.owner), prefix) && (token == "" || strconv.FormatInt(l.token, 10) == token) {
 			released = append(released, l)
 		}
 	}

@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,7 @@ func runCoreSuite(t *testing.T, b backend) {
 	t.Run("HashTaggedName", func(t *testing.T) { testHashTaggedName(t, b) })
 	t.Run("TryLockTimeout", func(t *testing.T) { testTryLockTimeout(t, b) })
 	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, b) })
+	t.Run("ForceReleaseOwnership", func(t *testing.T) { testForceReleaseOwnership(t, b) })
 	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, b) })
 }
 
@@ -443,6 +445,52 @@ func testForceRelease(t *testing.T, b backend) {
 	wantErr(t, podAgain.Err(), redislock.ErrReleased)
 	if l != nil {
 		mustUnlock(t, ctx, l)
+	}
+}
+
+// testForceReleaseOwnership: a forced release judged by a fencing token
+// leaves alone an ownership taken since under the same owner ID, and Redis
+// as it was; with the current ownership's token it is a ForceRelease.
+func testForceReleaseOwnership(t *testing.T, b backend) {
+	ctx := testContext(t)
+	rdb := b.newRedis(t)
+	c := newClient(t, rdb, redislock.Options{})
+	admin := newClient(t, rdb, redislock.Options{})
+	name := lockName(t)
+	podUID := "5d0c7a2e-9b3f-4e61-8a0d-2f4b6c8e1a37"
+	pod := newMutex(t, c, name, &redislock.MutexOptions{Owner: redislock.Owner(podUID + ":0")})
+	first := mustLock(t, ctx, pod)
+	if n, err := admin.ForceRelease(ctx, name, podUID); err != nil || n != 1 {
+		t.Fatalf("ForceRelease = %d, %v; want 1 holder removed", n, err)
+	}
+	second := mustLock(t, ctx, pod)
+	if second.Token() <= first.Token() {
+		t.Fatalf("the second ownership's token %d is not above the first's %d", second.Token(), first.Token())
+	}
+
+	before := inspect(t, admin, name)
+	for _, token := range []int64{first.Token(), second.Token() + 1, 0, -1} {
+		if n, err := admin.ForceReleaseOwnership(ctx, name, podUID, token); err != nil || n != 0 {
+			t.Fatalf("ForceReleaseOwnership with token %d, not the ownership's %d = %d, %v; want 0", token, second.Token(), n, err)
+		}
+	}
+	if after := inspect(t, admin, name); !reflect.DeepEqual(before.Holders, after.Holders) || after.Token != before.Token {
+		t.Fatalf("the lock after forced releases with other tokens: %+v, want it as it was: %+v", after, before)
+	}
+	if err := second.Refresh(ctx); err != nil {
+		t.Fatalf("the second ownership after forced releases with other tokens: %v", err)
+	}
+
+	if n, err := c.ForceReleaseOwnership(ctx, name, podUID, second.Token()); err != nil || n != 1 {
+		t.Fatalf("ForceReleaseOwnership with the ownership's token = %d, %v; want 1 holder removed", n, err)
+	}
+	wantErr(t, second.Err(), redislock.ErrReleased)
+	if info := inspect(t, admin, name); info.Held() {
+		t.Fatalf("the lock after its ownership was force-released: %+v, want it free", info)
+	}
+	// A second run, as go-redis sends when a reply was lost, removes nothing.
+	if n, err := c.ForceReleaseOwnership(ctx, name, podUID, second.Token()); err != nil || n != 0 {
+		t.Fatalf("ForceReleaseOwnership again = %d, %v; want 0", n, err)
 	}
 }
 

@@ -3,11 +3,19 @@
 -- a pod terminates. KEYS: see lib.lua.
 --
 -- ARGV[1] owner ID prefix
+-- ARGV[2] a fencing token, or "": if given, nothing is removed unless the
+--         lock's ownership is the one with that token (ForceReleaseOwnership)
 --
 -- Returns the number of holders removed. When that empties the lock, it is
 -- handed to the next waiter, or the release message "0" published. A second
 -- run removes nothing more.
 local prefix = ARGV[1]
+if ARGV[2] ~= '' then
+  local t = redis.call('hget', KEYS[1], '~t')
+  if not t or string.match(t, '^%d+') ~= ARGV[2] then
+    return 0
+  end
+end
 -- @lib
 local function owned(id)
   return string.sub(id, 1, 1) ~= '~' and string.sub(id, 1, #prefix) == prefix
