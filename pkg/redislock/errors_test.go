@@ -35,6 +35,8 @@ func TestInvalidNamesRejectedBeforeRedis(t *testing.T) {
 		wantErr(t, err, redislock.ErrInvalidName)
 		_, err = c.ForceRelease(context.Background(), name, "uid")
 		wantErr(t, err, redislock.ErrInvalidName)
+		_, err = c.ForceReleaseOwnership(context.Background(), name, "uid", 1)
+		wantErr(t, err, redislock.ErrInvalidName)
 	}
 	if _, err := c.NewMutex(strings.Repeat("x", redislock.MaxNameLength), nil); err != nil {
 		t.Fatalf("a name of exactly MaxNameLength: %v", err)
@@ -56,6 +58,8 @@ func TestInvalidNamesRejectedBeforeRedis(t *testing.T) {
 	_, err := c.NewMutex("ok", &redislock.MutexOptions{Owner: "no-separator"})
 	wantErr(t, err, redislock.ErrInvalidOwner)
 	_, err = c.ForceRelease(context.Background(), "ok", "")
+	wantErr(t, err, redislock.ErrInvalidOwner)
+	_, err = c.ForceReleaseOwnership(context.Background(), "ok", "", 1)
 	wantErr(t, err, redislock.ErrInvalidOwner)
 }
 
