@@ -433,6 +433,7 @@ func TestAGivenBackHoldLeavesAnotherManagersHoldOfTheGrant(t *testing.T) {
 // the adopted one was renewed for ever, and its lift refused for ever.
 func TestAnAdoptedHoldBehindTheRecordIsTakenAgainBeforeTheLift(t *testing.T) {
 	srv := redistest.Start(t)
+	waitForFencing(t)
 	ns := newNamespace(t)
 	x := createPod(t, ns, "x", "job", gatedBy("singleton"))
 	lock := newLock(ns, "singleton", "job")
@@ -445,7 +446,6 @@ func TestAnAdoptedHoldBehindTheRecordIsTakenAgainBeforeTheLift(t *testing.T) {
 	if err := updateLockStatus(t, lock, func(l *locksv1.DistributedLock) { l.Status.HighestToken = highest }); err != nil {
 		t.Fatal(err)
 	}
-	waitForFencing(t)
 	behind, err := takeFor(anotherManager(t, srv, lock), lock, x)
 	if err != nil {
 		t.Fatal(err)
@@ -592,4 +592,67 @@ func takeFor(c *redislock.Client, lock *locksv1.DistributedLock, pod *corev1.Pod
 		return nil, err
 	}
 	return m.TryLock(context.Background(), 0)
+}
+
+// A hold that is gone by the time the manager adopts it, the key taken by
+// somebody else meanwhile, lifts no gate: the manager's read of Redis is
+// over. Here another manager took the key for x and stopped; just after the
+// manager reads its scope, x's hold goes and a client of another owner
+// takes the key. Before, the adoption's failure was taken for "the next
+// reconcile will see", and this one went on with its old read: it recorded
+// x's grant and lifted x's gate while the other owner held the key.
+func TestAHoldLostBeforeItsAdoptionLiftsNoGate(t *testing.T) {
+	srv := redistest.Start(t)
+	ns := newNamespace(t)
+	x := createPod(t, ns, "x", "job", gatedBy("singleton"))
+	lock := createLock(t, ns, "singleton", "job")
+	other := anotherManager(t, srv, lock)
+	if _, err := takeFor(other, lock, x); err != nil {
+		t.Fatal(err)
+	}
+	app, err := redislock.New(srv.Client(t), redislock.Options{ID: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	appMutex, err := app.NewMutex(lockKey(lock), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var armed atomic.Bool
+	armed.Store(true)
+	taken := make(chan *redislock.Hold, 1)
+	startManagerOn(t, managerConfig{redisAddr: srv.Addr, namespaces: []string{ns},
+		intercept: func(obj client.Object, sub string) func(error) {
+			// The lock's finalizer comes after the scope is read.
+			if _, ok := obj.(*locksv1.DistributedLock); !ok || sub != "" || !armed.CompareAndSwap(true, false) {
+				return nil
+			}
+			return func(error) {
+				if _, err := other.ForceRelease(context.Background(), lockKey(lock), string(x.UID)); err != nil {
+					t.Error(err)
+				}
+				hold, err := appMutex.TryLock(context.Background(), 0)
+				if err != nil {
+					t.Errorf("the other owner's take: %v", err)
+				}
+				taken <- hold
+			}
+		}})
+	var hold *redislock.Hold
+	select {
+	case hold = <-taken:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the manager never wrote the lock's finalizer")
+	}
+	settle()
+	if !gatedWith(getPod(t, x), gateFor("singleton")) {
+		t.Fatal("x was ungated while another owner held the key")
+	}
+	if hold != nil {
+		if err := hold.Refresh(context.Background()); err != nil {
+			t.Fatalf("the other owner's hold: %v", err)
+		}
+	}
 }

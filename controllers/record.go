@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,7 +48,9 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 		case behind:
 			return r.tokenBehind(ctx, s, pod)
 		case err != nil:
-			return r.giveBack(ctx, s, pod, err)
+			// Another grant may be out: neither this reconcile's take nor
+			// its level of an adopted hold is kept (only one of them is set).
+			return r.giveBack(ctx, s, pod, cmp.Or(s.taken, s.adopted), err)
 		}
 	}
 	token := s.info.Token
@@ -72,13 +75,13 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 		case apierrors.IsNotFound(err) && lifting:
 			// Deleted since the scope was read: the view is stale, and a gate
 			// of a lock that is gone is not lifted.
-			return r.giveBack(ctx, s, pod, fmt.Errorf("lock %s/%s is gone: %w", l.Namespace, l.Name, err))
+			return r.giveBack(ctx, s, pod, s.taken, fmt.Errorf("lock %s/%s is gone: %w", l.Namespace, l.Name, err))
 		case apierrors.IsNotFound(err):
 			continue
-		case apierrors.IsInvalid(err) && s.taken != nil:
+		case apierrors.IsInvalid(err) && lifting:
 			return r.tokenBehind(ctx, s, pod)
 		case err != nil:
-			return r.giveBack(ctx, s, pod, err)
+			return r.giveBack(ctx, s, pod, s.taken, err)
 		}
 	}
 	if s.newGrant && pod != nil {
@@ -147,7 +150,7 @@ func (r *DistributedLockReconciler) tokenBehind(ctx context.Context, s *scope, p
 		return err
 	}
 	r.grants.drop(s.key, pod.UID)
-	s.holders, s.grantee, s.taken = nil, nil, nil
+	s.holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
 	return nil
 }
 
@@ -192,19 +195,20 @@ func (r *DistributedLockReconciler) confirmNoOtherGrant(ctx context.Context, s *
 	return false, nil
 }
 
-// giveBack undoes the take of the hold this reconcile took, which must not
-// be used, and returns why (nil if it is no failure). It undoes that take
-// only: the owner ID is the pod's, so another manager that took the key for
-// the same pod meanwhile re-entered the same ownership, and may have
-// recorded its grant and lifted the gate with it.
-func (r *DistributedLockReconciler) giveBack(ctx context.Context, s *scope, pod *corev1.Pod, why error) error {
-	if s.taken == nil {
+// giveBack undoes the level of the pod's hold that this reconcile took,
+// hold, which must not be used, if it is not nil; it returns why (nil if it
+// is no failure). It undoes that level only: the owner ID is the pod's, so
+// another manager that took the key for the same pod meanwhile re-entered
+// the same ownership, and may have recorded its grant and lifted the gate
+// with it.
+func (r *DistributedLockReconciler) giveBack(ctx context.Context, s *scope, pod *corev1.Pod, hold *handle, why error) error {
+	if hold == nil {
 		return why
 	}
-	if err := giveUp(ctx, s.taken); err != nil {
+	if err := giveUp(ctx, hold); err != nil {
 		return errors.Join(why, fmt.Errorf("giving the hold back failed: %w", err))
 	}
 	r.grants.drop(s.key, pod.UID)
-	s.holders, s.grantee, s.taken = nil, nil, nil
+	s.holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
 	return why
 }

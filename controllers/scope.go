@@ -81,13 +81,13 @@ type scope struct {
 	// somebody else holds the key in Redis meanwhile.
 	grantee  *corev1.Pod
 	conflict bool
-	// taken is the hold this reconcile took in Redis for the grantee, or
-	// the level it added to adopt one: recordGrant gives it back if it
-	// must not be used.
-	// newGrant is set when that is a new grant, not the same grant taken
-	// again.
-	taken    *handle
-	newGrant bool
+	// taken is the hold this reconcile took in Redis for the grantee:
+	// recordGrant gives it back if it must not be used. adopted is the
+	// level it added to a hold it adopted instead: given back only if the
+	// check past the cache finds another grant out. newGrant is set when
+	// the take is a new grant, not the same grant taken again.
+	taken, adopted *handle
+	newGrant       bool
 	// notReady, if set, is why the key's locks are not Ready, though Redis
 	// answered.
 	notReady *condition

@@ -97,8 +97,8 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 // the ownership Redis shows unless this process renews that one already:
 // one it renews may have been lost (Redis restarted empty) and the key taken
 // again for the pod by another manager since, whose level is then all that
-// keeps it. The level it adds is this reconcile's take, given back as one
-// (giveBack) if the grant cannot be checked or recorded. A grant held under
+// keeps it. The level it adds is given back (giveBack) if the check past the
+// cache finds another grant of the key out. A grant held under
 // other lease terms (the lock's leaseDuration changed since) cannot be
 // re-entered under the lock's: the library refuses it, so as not to cut
 // another holder's lease. Nobody else renews the controller's grants, so it
@@ -123,7 +123,9 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 		retaken = n > 0
 	}
 	if errors.Is(err, redislock.ErrWaitTimeout) {
-		return nil // lost meanwhile; the next reconcile sees who holds it
+		// Lost meanwhile, and somebody else holds the key: what the scope
+		// read of Redis is over, and nothing may be lifted with it.
+		return s.reread(ctx)
 	}
 	if err != nil {
 		return err
@@ -131,12 +133,14 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 	r.remember(s, pod, terms, hold)
 	// The token is the ownership's, which may be newer than the one the
 	// scope read.
-	s.info.Token, s.taken = hold.Token(), hold
+	s.info.Token = hold.Token()
 	if retaken {
+		s.taken = hold
 		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
 			"Took %s again for pod %s under the lock's new lease terms, with fencing token %d", s.key, pod.Name, hold.Token())
 		return nil
 	}
+	s.adopted = hold
 	log.FromContext(ctx).Info("adopted a lock held in Redis", "key", s.key, "pod", pod.Name, "token", hold.Token())
 	return nil
 }

@@ -24,7 +24,9 @@ type LockInfo struct {
 	// TTL is the remaining lease: 0 when the lock is free, -1 when it has no
 	// expiry.
 	TTL time.Duration
-	// Token is the fencing token of the latest ownership, 0 if none yet.
+	// Token is the fencing token of the latest ownership, 0 if none yet:
+	// the holder's own while a lockwarden client holds the lock, which
+	// Redis keeps with the hold even if it lost the counter.
 	Token int64
 	// Waiters are the live entries of the wait queue, head first.
 	Waiters []Owner
@@ -65,6 +67,14 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	fields, _ := reply[2].([]any)
 	for i := 0; i+1 < len(fields); i += 2 {
 		owner, _ := fields[i].(string)
+		if owner == "~t" {
+			// "<token> <terms>": the ownership's token (see scripts/lib.lua)
+			text, _ := fields[i+1].(string)
+			digits, _, _ := strings.Cut(text, " ")
+			if token, err := strconv.ParseInt(digits, 10, 64); err == nil {
+				info.Token = token
+			}
+		}
 		if strings.HasPrefix(owner, "~") {
 			continue // lockwarden's own (see scripts/lib.lua)
 		}

@@ -477,6 +477,13 @@ func testForceReleaseOwnership(t *testing.T, b backend) {
 	if after := inspect(t, admin, name); !reflect.DeepEqual(before.Holders, after.Holders) || after.Token != before.Token {
 		t.Fatalf("the lock after forced releases with other tokens: %+v, want it as it was: %+v", after, before)
 	}
+	// Through the client that holds it too: its hold goes on.
+	if n, err := c.ForceReleaseOwnership(ctx, name, podUID, first.Token()); err != nil || n != 0 {
+		t.Fatalf("ForceReleaseOwnership through the holding client with the first token = %d, %v; want 0", n, err)
+	}
+	if err := second.Err(); err != nil {
+		t.Fatalf("the second ownership's hold after forced releases with other tokens: %v", err)
+	}
 	if err := second.Refresh(ctx); err != nil {
 		t.Fatalf("the second ownership after forced releases with other tokens: %v", err)
 	}
@@ -492,6 +499,24 @@ func testForceReleaseOwnership(t *testing.T, b backend) {
 	if n, err := c.ForceReleaseOwnership(ctx, name, podUID, second.Token()); err != nil || n != 0 {
 		t.Fatalf("ForceReleaseOwnership again = %d, %v; want 0", n, err)
 	}
+}
+
+// Inspect reports the holder's fencing token from the hold itself, which
+// outlives the counter it came from: a Redis that loses the counter (an
+// eviction, say) still shows whose ownership holds the lock.
+func TestInspectShowsTheHoldersTokenWithoutItsCounter(t *testing.T) {
+	ctx := testContext(t)
+	b, srv := standalone(t)
+	c := newClient(t, b.newRedis(t), redislock.Options{})
+	name := lockName(t)
+	hold := mustLock(t, ctx, newMutex(t, c, name, nil))
+	if err := srv.Client(t).Del(ctx, "redisson_lock_token:{"+name+"}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if info := inspect(t, c, name); info.Token != hold.Token() {
+		t.Fatalf("Inspect without the counter: token %d, want the holder's %d", info.Token, hold.Token())
+	}
+	mustUnlock(t, ctx, hold)
 }
 
 // testMutualExclusion runs several clients, each with several goroutines
