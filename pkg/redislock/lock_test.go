@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -454,6 +455,8 @@ func testForceRelease(t *testing.T, b backend) {
 func testForceReleaseOwnership(t *testing.T, b backend) {
 	ctx := testContext(t)
 	rdb := b.newRedis(t)
+	loser := &replyLoser{}
+	rdb.AddHook(loser)
 	c := newClient(t, rdb, redislock.Options{})
 	admin := newClient(t, rdb, redislock.Options{})
 	name := lockName(t)
@@ -498,6 +501,21 @@ func testForceReleaseOwnership(t *testing.T, b backend) {
 	// A second run, as go-redis sends when a reply was lost, removes nothing.
 	if n, err := c.ForceReleaseOwnership(ctx, name, podUID, second.Token()); err != nil || n != 0 {
 		t.Fatalf("ForceReleaseOwnership again = %d, %v; want 0", n, err)
+	}
+
+	// A release whose reply is lost, sent again by its caller, finds
+	// nothing left to remove, and the hold it ended is over all the same.
+	third := mustLock(t, ctx, pod)
+	loser.loseNext(func(args []any) bool { kind, _ := redislock.ScriptCall(args); return kind == "force_release" })
+	if _, err := c.ForceReleaseOwnership(ctx, name, podUID, third.Token()); !errors.Is(err, redislock.ErrUnavailable) {
+		t.Fatalf("ForceReleaseOwnership whose reply was lost = %v, want ErrUnavailable", err)
+	}
+	if n, err := c.ForceReleaseOwnership(ctx, name, podUID, third.Token()); err != nil || n != 0 {
+		t.Fatalf("ForceReleaseOwnership sent again after a lost reply = %d, %v; want 0", n, err)
+	}
+	wantErr(t, third.Err(), redislock.ErrReleased)
+	if info := inspect(t, admin, name); info.Held() {
+		t.Fatalf("the lock after a forced release whose reply was lost: %+v, want it free", info)
 	}
 }
 
