@@ -22,6 +22,9 @@ type Redisson struct {
 	// Sharded makes it wait with SSUBSCRIBE and publish with SPUBLISH, as
 	// Redisson does on a Redis 7 Cluster.
 	Sharded bool
+	// AnswerAfter is how long it takes to act on a release message, as a
+	// Redisson client on a loaded machine does. Zero: at once.
+	AnswerAfter time.Duration
 }
 
 var (
@@ -138,11 +141,18 @@ func (r *Redisson) LockOn(ctx context.Context, sub *redis.PubSub) error {
 	}
 }
 
-// await waits for a message on the lock's channel, or at most ttl.
+// await waits for a message on the lock's channel, or at most ttl, and then
+// for AnswerAfter if a message came.
 func (r *Redisson) await(ctx context.Context, sub *redis.PubSub, ttl time.Duration) {
 	waitCtx, cancel := context.WithTimeout(ctx, max(ttl, time.Millisecond))
 	defer cancel()
-	_, _ = sub.ReceiveMessage(waitCtx)
+	if _, err := sub.ReceiveMessage(waitCtx); err != nil || r.AnswerAfter <= 0 {
+		return
+	}
+	select {
+	case <-time.After(r.AnswerAfter):
+	case <-ctx.Done():
+	}
 }
 
 // Unlock undoes one level, and reports whether that freed the lock.

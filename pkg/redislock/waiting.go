@@ -66,7 +66,7 @@ type waiter struct {
 	releases uint64        // release messages received
 	// releasesTried is releases as of the last attempt: an attempt by the
 	// head after more came follows a release message (see acquire.lua's
-	// ARGV[8]).
+	// ARGV[7]).
 	releasesTried uint64
 	// listening is true when the client was already subscribed to the
 	// lock's channels when the waiter registered, so it cannot have missed
@@ -234,6 +234,11 @@ func (ws *waiting) notice(payload string) {
 		}
 		w.signal()
 	case "0", "1":
+		if !w.head {
+			// Release messages heard before are not its races: another
+			// waiter headed the queue then, and counted them.
+			w.releasesTried = w.releases
+		}
 		w.head = true
 		w.notices++
 		if kind == "1" {

@@ -86,11 +86,14 @@ if not held then
   pttl = 0
   local head, _, headTicket = live_head()
   local mine = head == owner and headTicket == ticket
+  local race
   if mine then
-    -- (At most race_grace: the release's clock may be ahead of this one.)
-    local grace = (tonumber(redis.call('hget', KEYS[5], '~grace') or '') or 0) - now_ms()
+    race = redis.call('hmget', KEYS[5], '~grace', '~racing', '~wait')
+    -- (At most race_grace_most: the release's clock may be ahead of this
+    -- one.)
+    local grace = (tonumber(race[1] or '') or 0) - now_ms()
     if grace > 0 then
-      mine, pttl = false, math.min(grace, race_grace)
+      mine, pttl = false, math.min(grace, race_grace_most)
     end
   end
   if not head or mine or ARGV[5] == '0' then
@@ -103,6 +106,11 @@ if not held then
         -- It heard of releases before this one: someone else took the
         -- lock after each (see races).
         redis.call('hincrby', KEYS[5], '~owed', ARGV[7] - 1)
+      elseif race[2] == owner then
+        -- Its race ended with nobody outside the queue taking the lock:
+        -- the next race waits longer for them (see race_grace).
+        local wait = tonumber(race[3] or '') or race_grace
+        redis.call('hset', KEYS[5], '~wait', math.min(2 * wait, race_grace_most))
       end
     end
     local token = next_token(now_text())
@@ -116,8 +124,10 @@ if not held then
     end
     redis.call('hset', KEYS[1], unpack(fields))
     redis.call('pexpire', KEYS[1], lease)
-    if mine and queued then
+    if mine and race[2] then
       redis.call('hdel', KEYS[5], '~racing')
+    end
+    if mine and queued then
       tell_head(notice_prefix())
     end
     return tonumber(token)

@@ -43,8 +43,9 @@
 -- clients also wait for: '~foreign' (when a Redisson holder was last seen,
 -- ms), '~owed' (races the queue lost to one), '~probe' (the next time a
 -- release may look for outside listeners, and how long it waits after,
--- ms), and of the last race, '~racing' (the head of the queue then) and
--- '~grace' (until when the head leaves the lock to others, ms).
+-- ms), '~wait' (how long a race leaves the lock to others, ms: see
+-- race_grace), and of the last race, '~racing' (the head of the queue
+-- then) and '~grace' (until when the head leaves the lock to others, ms).
 --
 -- KEYS[6] remembers the tickets of calls whose requests may still arrive
 -- late, once their levels are undone (see release.lua); a request that
@@ -234,13 +235,19 @@ local probe_first = 1000
 local probe_most = 30000
 -- How long a race release keeps the lock for clients outside the queue
 -- (ms): they take it if they wait for it; the head of the queue takes it
--- after that if they do not.
+-- after that if they do not. It starts at race_grace and doubles, up to
+-- race_grace_most, after each race that nobody outside the queue took (see
+-- acquire.lua): a loaded machine's Redisson clients answer a release later
+-- than an idle one's, and would otherwise lose every race. It costs the
+-- queue nothing when they take the lock, and it lasts as long as the
+-- queue's fair-share state (KEYS[5]).
 local race_grace = 10
+local race_grace_most = 80
 
 -- outsiders reports whether more clients listen on the release channel than
 -- lockwarden's waiters, who also listen on the lock's members channel
 -- (the notice prefix without a client ID), on which nothing is published.
--- PUBSUB NUMSUB is optional: without it, nobody counts as an outsider.
+-- PUBSUB NUMSUB is optional: without it, the answer is nil.
 local function outsiders(prefix)
   local members = string.sub(prefix, 1, -2)
   local counts
@@ -249,7 +256,10 @@ local function outsiders(prefix)
   else
     counts = redis.pcall('pubsub', 'numsub', KEYS[2], members)
   end
-  return type(counts) == 'table' and not counts.err and counts[2] ~= nil and counts[2] > counts[4]
+  if type(counts) ~= 'table' or counts.err or counts[2] == nil then
+    return nil
+  end
+  return counts[2] > counts[4]
 end
 
 -- races decides whether the release that frees the lock leaves it free for
@@ -259,18 +269,21 @@ end
 -- entries hash's '~foreign', '~owed' and '~probe'.
 --
 -- Within race_window of the last time a Redisson holder was seen, every
--- release races, but for the turns owed to the queue: each race its head
--- lost to a Redisson client (see acquire.lua) is repaid with one hand-over.
--- The two sides so take turns, about half each, whatever the head count:
--- a Redisson client gets a race, a lockwarden waiter the hand-over after.
--- Otherwise a release hands the lock over, but now and then it races if
--- clients that are not lockwarden's listen on the release channel: Redisson
--- waiters, who show themselves by winning, or plain listeners (the
--- controller, a monitor), who cost that one race. The first such race comes
--- with the first release that finds a queue, the next probe_first later,
--- and each one that no Redisson client wins doubles the wait for the next,
--- up to probe_most; a Redisson holder seen starts it over (see
--- acquire.lua).
+-- release races while clients that are not lockwarden's listen on the
+-- release channel (or PUBSUB NUMSUB cannot tell), but for the turns owed to
+-- the queue: each race its head lost to a Redisson client (see acquire.lua)
+-- is repaid with one hand-over. The two sides so take turns, about half
+-- each, whatever the head count: a Redisson client gets a race, a
+-- lockwarden waiter the hand-over after. Once nobody outside the queue
+-- listens, a release hands the lock over, and no race costs the head its
+-- wait. Outside that window a release hands the lock over, but now and
+-- then it races if clients that are not lockwarden's listen on the release
+-- channel: Redisson waiters, who show themselves by winning, or plain
+-- listeners (the controller, a monitor), who cost that one race. The first
+-- such race comes with the first release that finds a queue, the next
+-- probe_first later, and each one that no Redisson client wins doubles the
+-- wait for the next, up to probe_most; a Redisson holder seen starts it
+-- over (see acquire.lua).
 local function races(prefix, fair)
   local now = now_ms()
   if now - (tonumber(fair[1]) or 0) < race_window then
@@ -278,7 +291,7 @@ local function races(prefix, fair)
       redis.call('hincrby', KEYS[5], '~owed', -1)
       return false
     end
-    return true
+    return outsiders(prefix) ~= false
   end
   local due, gap = string.match(fair[3] or '', '^(%d+) (%d+)$')
   if not due then
@@ -310,16 +323,18 @@ local function free_lock(prefix)
     if not head then
       break
     end
-    local e = redis.call('hmget', KEYS[5], head, '~foreign', '~owed', '~probe')
+    local e = redis.call('hmget', KEYS[5], head, '~foreign', '~owed', '~probe', '~wait')
     local lapse, lease, ttl, client, ticket, terms = parse_entry(e[1])
     if lapse and lapse > now_ms() then
       if races(prefix, {e[2], e[3], e[4]}) then
-        -- The head waits race_grace before it takes the lock, so clients
-        -- outside the queue that wait for it get it; if one does, the head
-        -- finds it held, and the queue is owed a turn (see acquire.lua).
+        -- The head waits before it takes the lock (see race_grace), so
+        -- clients outside the queue that wait for it get it; if one does,
+        -- the head finds it held, and the queue is owed a turn (see
+        -- acquire.lua).
+        local wait = tonumber(e[5] or '') or race_grace
         redis.call('zadd', KEYS[4], arrived, head)
-        redis.call('hset', KEYS[5], '~racing', head, '~grace', now_ms() + race_grace)
-        notify(prefix, client, head, '1', race_grace)
+        redis.call('hset', KEYS[5], '~racing', head, '~grace', now_ms() + wait)
+        notify(prefix, client, head, '1', wait)
         publish(KEYS[2], '0')
         return
       end
