@@ -562,24 +562,8 @@ func TestCase11APlainListenerDoesNotDisableTheHandOver(t *testing.T) {
 			waiterClient, evals := countedClient(t, b, opts)
 			holder, waiter := newMutex(t, holderClient, name, nil), newMutex(t, waiterClient, name, nil)
 			const handOvers = 20
-			extra := int64(0)
 			start := time.Now()
-			for range handOvers {
-				held := mustLock(t, ctx, holder)
-				before := evals.count()
-				got := lockAsync(ctx, waiter)
-				waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the waiter to queue")
-				time.Sleep(100 * time.Millisecond)
-				queued := evals.count()
-				mustUnlock(t, ctx, held)
-				r := <-got
-				if r.err != nil {
-					t.Fatal(r.err)
-				}
-				extra += evals.count() - queued
-				_ = before
-				mustUnlock(t, ctx, r.h)
-			}
+			extra := extraAttempts(t, ctx, handOvers, holderClient, holder, waiter, evals)
 			took := time.Since(start)
 			if bound := 2 + int64(math.Log2(1+took.Seconds())); extra > bound {
 				t.Fatalf("with a plain listener on the release channel, %d hand-overs in %v took %d more attempts, want at most %d",
