@@ -126,17 +126,17 @@
 // free, and TryLock(ctx, 0) does the same. So that Redisson clients get
 // their share, a release leaves the lock free, rather than handing it over,
 // for ten seconds after a Redisson holder was last seen, unless the queue is
-// owed a turn for a race its head lost to one, or no client that is not
-// lockwarden's listens on the release channel. The head of the queue takes
-// the lock after such a race once nobody else has for 10 ms; each race that
-// nobody outside the queue takes doubles that wait for the next, up to
-// 80 ms, since a loaded machine's Redisson clients answer a release later
-// than an idle one's. Redisson waiters that never got the lock are found by
-// a race now and then, when clients that are not lockwarden's listen on the
-// release channel (PUBSUB NUMSUB): a second after the queue formed, then
-// ever more rarely, up to every 30 s, while none wins one. A plain
-// listener, such as the controller, so costs a waiter one extra round trip,
-// and up to 80 ms, now and then, and never turns the hand-over off.
+// owed a turn for a race its head lost to one. The head of the queue takes
+// the lock after such a race once its wait is over: 10 ms at first, doubled
+// after each race nobody outside the queue took, up to 80 ms, while clients
+// that are not lockwarden's listen on the release channel, since a loaded
+// machine's Redisson clients answer a release later than an idle one's, and
+// back at 10 ms once nobody does. Redisson waiters that never got the lock
+// are found by a race now and then, when clients that are not lockwarden's
+// listen on the release channel (PUBSUB NUMSUB): a second after the queue
+// formed, then ever more rarely, up to every 30 s, while none wins one. A
+// plain listener, such as the controller, so costs a waiter one extra round
+// trip, and up to 80 ms, now and then, and never turns the hand-over off.
 //
 // # Redis layout
 //

@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,44 +137,84 @@ func TestARedissonClientThatAnswersLateStillWinsRaces(t *testing.T) {
 	}
 }
 
-// For ten seconds after a Redisson holder was seen, every release raced:
-// it left the lock free for Redisson clients, and the queue's head took it
-// only after a wait and another attempt, even when no Redisson client
-// waited any more. A release in that time now hands the lock over unless
-// somebody outside the queue listens on the release channel.
-func TestNoRaceWhenNoRedissonClientWaits(t *testing.T) {
-	b, srv := standalone(t)
+// A race's wait grows only for clients that still listen. For ten seconds
+// after a Redisson holder was seen every release races, and each race that
+// nobody outside the queue took doubles the next one's wait, up to 80 ms,
+// while clients that are not lockwarden's listen on the release channel:
+// they may be Redisson waiters too slow for it. Once nobody listens, it
+// starts over at 10 ms, so that the queue does not pay 80 ms a release
+// after the Redisson clients left. The waits are read from the head
+// notices the races send ("1 <owner> <name> <ms>").
+func TestARaceWaitsLongerOnlyWhileSomebodyOutsideListens(t *testing.T) {
+	srv := redistest.Start(t)
 	ctx := testContext(t)
 	name := lockName(t)
-	opts := redislock.Options{RetryFallback: time.Minute}
-	holderClient := newClient(t, b.newRedis(t), opts)
-	waiterClient, evals := countedClient(t, b, opts)
-	holder, waiter := newMutex(t, holderClient, name, nil), newMutex(t, waiterClient, name, nil)
+	admin := newClient(t, srv.Client(t), redislock.Options{})
+	notices := srv.Client(t).PSubscribe(ctx, "lockwarden_lock__notice:{"+name+"}:*")
+	defer notices.Close()
+	if _, err := notices.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	listener, err := (&redistest.Redisson{RDB: srv.Client(t), Name: name}).Subscribe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
 
-	// A Redisson holder, seen by a queued waiter, that then leaves.
-	r := &redistest.Redisson{RDB: srv.Client(t), Name: name, Owner: "0b7e3c11-gone:1", Lease: 30 * time.Second}
+	// A Redisson holder, seen by a queued waiter.
+	r := &redistest.Redisson{RDB: srv.Client(t), Name: name, Owner: "0b7e3c11-seen:1", Lease: time.Minute}
 	if took, _, err := r.TryLock(ctx); err != nil || !took {
 		t.Fatalf("Redisson tryLock = %v, %v", took, err)
 	}
-	first := lockAsync(ctx, holder)
-	waitFor(t, func() bool { return len(inspect(t, holderClient, name).Waiters) == 1 }, "the first waiter to queue")
+	holder, waiter := newMutex(t, newClient(t, srv.Client(t), redislock.Options{}), name, nil), newMutex(t, newClient(t, srv.Client(t), redislock.Options{}), name, nil)
+	next := lockAsync(ctx, holder)
+	waitFor(t, func() bool { return len(inspect(t, admin, name).Waiters) == 1 }, "the first waiter to queue")
 	if _, err := r.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got := <-first
+
+	// race hands the lock from one waiter to the other with a release that
+	// races, which nobody outside the queue takes, and returns the wait
+	// its head notice carried.
+	race := func() string {
+		t.Helper()
+		got := <-next
+		if got.err != nil {
+			t.Fatal(got.err)
+		}
+		next = lockAsync(ctx, waiter)
+		holder, waiter = waiter, holder
+		waitFor(t, func() bool { return len(inspect(t, admin, name).Waiters) == 1 }, "the waiter to queue")
+		time.Sleep(100 * time.Millisecond) // its subscription
+		mustUnlock(t, ctx, got.h)
+		for {
+			msg, err := notices.ReceiveMessage(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fields := strings.Fields(msg.Payload); len(fields) == 4 && fields[0] == "1" {
+				return fields[3]
+			}
+		}
+	}
+	var waits []string
+	for range 5 {
+		waits = append(waits, race())
+	}
+	if err := listener.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		waits = append(waits, race())
+	}
+	got := <-next
 	if got.err != nil {
 		t.Fatal(got.err)
 	}
 	mustUnlock(t, ctx, got.h)
-
-	const handOvers = 10
-	start := time.Now()
-	extra := extraAttempts(t, ctx, handOvers, holderClient, holder, waiter, evals)
-	if took := time.Since(start); took > 9*time.Second {
-		t.Fatalf("the hand-overs took %v, past the ten seconds after the Redisson holder: the test proves nothing", took)
-	}
-	if extra != 0 {
-		t.Fatalf("with no Redisson client waiting, %d hand-overs took %d more attempts, want none", handOvers, extra)
+	// The fifth race's head takes the lock after the listener left.
+	if want := "10 20 40 80 80 10 10"; strings.Join(waits, " ") != want {
+		t.Fatalf("the races waited %v ms, want %s: doubling up to 80 while a listener stays, and 10 again once it left", waits, want)
 	}
 }
 

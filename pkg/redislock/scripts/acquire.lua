@@ -108,9 +108,14 @@ if not held then
         redis.call('hincrby', KEYS[5], '~owed', ARGV[7] - 1)
       elseif race[2] == owner then
         -- Its race ended with nobody outside the queue taking the lock:
-        -- the next race waits longer for them (see race_grace).
-        local wait = tonumber(race[3] or '') or race_grace
-        redis.call('hset', KEYS[5], '~wait', math.min(2 * wait, race_grace_most))
+        -- the next race waits longer for those that still listen, or
+        -- starts over if nobody does (see race_grace).
+        if outsiders(notice_prefix()) == false then
+          redis.call('hdel', KEYS[5], '~wait')
+        else
+          local wait = tonumber(race[3] or '') or race_grace
+          redis.call('hset', KEYS[5], '~wait', math.min(2 * wait, race_grace_most))
+        end
       end
     end
     local token = next_token(now_text())

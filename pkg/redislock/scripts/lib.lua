@@ -235,12 +235,13 @@ local probe_first = 1000
 local probe_most = 30000
 -- How long a race release keeps the lock for clients outside the queue
 -- (ms): they take it if they wait for it; the head of the queue takes it
--- after that if they do not. It starts at race_grace and doubles, up to
--- race_grace_most, after each race that nobody outside the queue took (see
--- acquire.lua): a loaded machine's Redisson clients answer a release later
--- than an idle one's, and would otherwise lose every race. It costs the
--- queue nothing when they take the lock, and it lasts as long as the
--- queue's fair-share state (KEYS[5]).
+-- after that if they do not. It starts at race_grace, and after each race
+-- that nobody outside the queue took (see acquire.lua) it doubles, up to
+-- race_grace_most, while clients that are not lockwarden's listen on the
+-- release channel (or PUBSUB NUMSUB cannot tell), and starts over once
+-- nobody does: a loaded machine's Redisson waiters answer a release later
+-- than an idle one's, and would otherwise lose every race. It lasts as long
+-- as the queue's fair-share state (KEYS[5]).
 local race_grace = 10
 local race_grace_most = 80
 
@@ -269,18 +270,17 @@ end
 -- entries hash's '~foreign', '~owed' and '~probe'.
 --
 -- Within race_window of the last time a Redisson holder was seen, every
--- release races while clients that are not lockwarden's listen on the
--- release channel (or PUBSUB NUMSUB cannot tell), but for the turns owed to
--- the queue: each race its head lost to a Redisson client (see acquire.lua)
--- is repaid with one hand-over. The two sides so take turns, about half
--- each, whatever the head count: a Redisson client gets a race, a
--- lockwarden waiter the hand-over after. Once nobody outside the queue
--- listens, a release hands the lock over, and no race costs the head its
--- wait. Outside that window a release hands the lock over, but now and
--- then it races if clients that are not lockwarden's listen on the release
--- channel: Redisson waiters, who show themselves by winning, or plain
--- listeners (the controller, a monitor), who cost that one race. The first
--- such race comes with the first release that finds a queue, the next
+-- release races, but for the turns owed to the queue: each race its head
+-- lost to a Redisson client (see acquire.lua) is repaid with one hand-over.
+-- The two sides so take turns, about half each, whatever the head count:
+-- a Redisson client gets a race, a lockwarden waiter the hand-over after.
+-- (Not every Redisson client listens where PUBSUB NUMSUB sees it: one that
+-- subscribes on a replica, or polls, would never get a race a listener
+-- count decided.) Outside that window a release hands the lock over, but
+-- now and then it races if clients that are not lockwarden's listen on the
+-- release channel: Redisson waiters, who show themselves by winning, or
+-- plain listeners (the controller, a monitor), who cost that one race. The
+-- first such race comes with the first release that finds a queue, the next
 -- probe_first later, and each one that no Redisson client wins doubles the
 -- wait for the next, up to probe_most; a Redisson holder seen starts it
 -- over (see acquire.lua).
@@ -291,7 +291,7 @@ local function races(prefix, fair)
       redis.call('hincrby', KEYS[5], '~owed', -1)
       return false
     end
-    return outsiders(prefix) ~= false
+    return true
   end
   local due, gap = string.match(fair[3] or '', '^(%d+) (%d+)$')
   if not due then
