@@ -223,9 +223,9 @@ func TestARaceWaitsLongerOnlyWhileSomebodyOutsideListens(t *testing.T) {
 // every release message it had heard since its last attempt, while others
 // headed the queue and had counted them already: the queue was owed those
 // turns twice, and lockwarden took more than its share of a mixed fleet's
-// acquisitions. Here the head loses 4 releases
-// to Redisson clients (its attempts wait until another one took the lock),
-// then leaves; the waiter behind it, which heard those 4 releases, heads
+// acquisitions. Here the head loses 4 releases to Redisson clients (its
+// attempts wait until another one took the lock), then leaves; the waiter
+// behind it, which heard those 4 releases, heads
 // the queue and takes the lock on the next one. Then lockwarden waiters
 // must get exactly 4 hand-overs before a release leaves the lock free for
 // Redisson clients again, as a Redisson client's tryLock right after each
@@ -243,12 +243,6 @@ func TestTheQueueIsOwedOnlyTheRacesItsHeadLost(t *testing.T) {
 	redisson := func(i int) *redistest.Redisson {
 		return &redistest.Redisson{RDB: srv.Client(t), Name: name, Owner: fmt.Sprintf("0b7e3c11-owed-%d:1", i), Lease: time.Minute}
 	}
-	// A Redisson client waiting, as far as the release channel tells.
-	listener, err := redisson(0).Subscribe(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close()
 	holder := redisson(1)
 	if took, _, err := holder.TryLock(ctx); err != nil || !took {
 		t.Fatalf("Redisson tryLock = %v, %v", took, err)
@@ -379,28 +373,4 @@ func redissonTurn(ctx context.Context, r *redistest.Redisson) func() (func() err
 		}
 		return func() error { _, err := r.Unlock(ctx); return err }, nil
 	}
-}
-
-// extraAttempts hands the lock n times from holder to waiter, queued
-// behind it and given time to subscribe, and returns how many scripts the
-// waiter's client (counted by evals) ran from each release until its Lock
-// returned, summed: a hand-over needs none, a race at least one.
-func extraAttempts(t *testing.T, ctx context.Context, n int, admin *redislock.Client, holder, waiter *redislock.Mutex, evals *evalCounter) int64 {
-	t.Helper()
-	extra := int64(0)
-	for range n {
-		held := mustLock(t, ctx, holder)
-		got := lockAsync(ctx, waiter)
-		waitFor(t, func() bool { return len(inspect(t, admin, holder.Name()).Waiters) == 1 }, "the waiter to queue")
-		time.Sleep(100 * time.Millisecond)
-		queued := evals.count()
-		mustUnlock(t, ctx, held)
-		r := <-got
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		extra += evals.count() - queued
-		mustUnlock(t, ctx, r.h)
-	}
-	return extra
 }

@@ -316,3 +316,27 @@ func (e *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 
 func (e *evalCounter) count() int64 { return e.n.Load() }
+
+// extraAttempts hands the lock n times from holder to waiter, queued
+// behind it and given time to subscribe, and returns how many scripts the
+// waiter's client (counted by evals) ran from each release until its Lock
+// returned, summed: a hand-over needs none, a race at least one.
+func extraAttempts(t *testing.T, ctx context.Context, n int, admin *redislock.Client, holder, waiter *redislock.Mutex, evals *evalCounter) int64 {
+	t.Helper()
+	extra := int64(0)
+	for range n {
+		held := mustLock(t, ctx, holder)
+		got := lockAsync(ctx, waiter)
+		waitFor(t, func() bool { return len(inspect(t, admin, holder.Name()).Waiters) == 1 }, "the waiter to queue")
+		time.Sleep(100 * time.Millisecond)
+		queued := evals.count()
+		mustUnlock(t, ctx, held)
+		r := <-got
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		extra += evals.count() - queued
+		mustUnlock(t, ctx, r.h)
+	}
+	return extra
+}
