@@ -129,6 +129,9 @@ func (c *Client) forceRelease(ctx context.Context, name, clientID, token string)
 		return 0, err
 	}
 	prefix := clientID + ":"
+	c.forcing.Lock()
+	defer c.forcing.Unlock()
+	c.forced.Add(1)
 	c.mu.Lock()
 	var released []*ownership
 	for key, l := range c.held {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -89,8 +91,8 @@ func TestContendedFinalUnlockWhoseReplyWasLostIsARelease(t *testing.T) {
 
 	loser.loseNext(func(args []any) bool {
 		kind, owner := redislock.ScriptCall(args)
-		// release.lua names all seven of the lock's keys; unlock.lua, three.
-		return kind == "release" && owner == string(h.Owner()) && fmt.Sprint(args[2]) == "7"
+		// release.lua names the lock's six keys; unlock.lua, two.
+		return kind == "release" && owner == string(h.Owner()) && fmt.Sprint(args[2]) == "6"
 	})
 	if err := h.Unlock(ctx); err != nil {
 		t.Fatalf("a final Unlock that handed the lock over, whose reply was lost = %v, want nil", err)
@@ -230,4 +232,110 @@ func lostLeases(t *testing.T, m *redislock.Metrics) float64 {
 	}
 	t.Fatal("no redislock_lost_leases_total")
 	return 0
+}
+
+// A final Unlock whose reply is lost, and whose resend arrives only after
+// the waiter it handed the lock to has held it and let it go, still reports
+// the release it made: Redis keeps what each freeing release left, by
+// ownership, for as long as that ownership's lease could have run.
+func TestAFinalUnlockResentAfterTheNextOwnerReleasedIsARelease(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	rdb := srv.Client(t)
+	held := &heldReply{kind: "release", ran: make(chan struct{}), resume: make(chan struct{})}
+	rdb.AddHook(held)
+	holder := newClient(t, rdb, redislock.Options{})
+	waiter := newClient(t, srv.Client(t), redislock.Options{})
+	h := mustLock(t, ctx, newMutex(t, holder, name, nil))
+	waiting := lockAsync(ctx, newMutex(t, waiter, name, nil))
+	waitQueued(t, holder, name, 1)
+
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- h.Unlock(ctx) }()
+	<-held.ran // the release ran and handed the lock over; its reply is held back
+	r := <-waiting
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	mustUnlock(t, ctx, r.h)
+	third := mustLock(t, ctx, newMutex(t, waiter, name, nil)) // and another ownership since
+	close(held.resume)                                        // the reply is lost; the Unlock sends it again
+	if err := <-unlocked; err != nil {
+		t.Fatalf("a final Unlock whose reply was lost, resent after the next owner released = %v, want nil", err)
+	}
+	if cause := context.Cause(h.Context()); !errors.Is(cause, redislock.ErrReleased) {
+		t.Fatalf("the Hold ended with %v, want ErrReleased", cause)
+	}
+	mustUnlock(t, ctx, third)
+}
+
+// A Lock in flight while its own client's ForceReleaseClient removes what
+// it took never returns a Hold that vouches for it: it fails with
+// ErrNotOwner, while another client may hold the lock.
+func TestALockInFlightDuringItsClientsForceReleaseHoldsNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := testContext(t)
+	name := lockName(t)
+	rdb := srv.Client(t)
+	held := &heldReply{kind: "acquire", ran: make(chan struct{}), resume: make(chan struct{}), keep: true}
+	rdb.AddHook(held)
+	c := newClient(t, rdb, redislock.Options{})
+	locking := lockAsync(ctx, newMutex(t, c, name, nil))
+	<-held.ran // Redis gave the lock to the Lock; its reply is held back
+
+	if n, err := c.ForceReleaseClient(ctx, name, c.ID()); err != nil || n != 1 {
+		t.Fatalf("ForceReleaseClient = %d, %v; want the in-flight Lock's level removed", n, err)
+	}
+	other := newClient(t, srv.Client(t), redislock.Options{})
+	theirs := mustLock(t, ctx, newMutex(t, other, name, nil))
+	close(held.resume)
+	r := <-locking
+	if r.err == nil {
+		t.Fatalf("the Lock returned a Hold (Err() = %v) for what its client's ForceReleaseClient removed, while another client holds the lock", r.h.Err())
+	}
+	wantErr(t, r.err, redislock.ErrNotOwner)
+	mustUnlock(t, ctx, theirs)
+}
+
+// heldReply is a go-redis hook for the first script call of a kind that
+// Redis runs (one refused with NOSCRIPT, sent again whole, does not count;
+// for "release", only release.lua's, which name six keys): it closes ran
+// and holds the reply back until resume is closed; then the reply is lost
+// (a connection reset), unless keep is set.
+type heldReply struct {
+	kind        string
+	ran, resume chan struct{}
+	keep        bool
+	mu          sync.Mutex
+	done        bool
+}
+
+func (r *heldReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *heldReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		kind, _ := redislock.ScriptCall(cmd.Args())
+		if err != nil || kind != r.kind || kind == "release" && fmt.Sprint(cmd.Args()[2]) != "6" {
+			return err
+		}
+		r.mu.Lock()
+		first := !r.done
+		r.done = true
+		r.mu.Unlock()
+		if !first {
+			return nil
+		}
+		close(r.ran)
+		<-r.resume
+		if r.keep {
+			return nil
+		}
+		err = &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+		cmd.SetErr(err)
+		return err
+	}
+}
+func (r *heldReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -157,6 +157,12 @@ type Client struct {
 
 	ownerSeq  atomic.Uint64
 	ticketSeq atomic.Uint64
+	// forced counts the ForceReleaseClient calls begun, and forcing is
+	// held by each while it ends the client's Holds and runs in Redis: a
+	// Lock in flight meanwhile checks that what it took survived (see
+	// stillHeld).
+	forced  atomic.Uint64
+	forcing sync.RWMutex
 	closed    atomic.Bool
 	done      chan struct{} // closed by Close
 	// closing is cancelled by Close, for the Redis calls in progress.

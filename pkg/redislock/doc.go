@@ -57,8 +57,10 @@
 //
 // Unlock returns nil only if the Hold's ownership was the lock's owner when
 // the release ran, or the same request's first send freed it: the release
-// that frees a lock keeps its hash as lockwarden_lock_freed:{<name>} for the
-// rest of its lease, where a resend finds its own level. Anything else that
+// that frees a lock keeps its hash as lockwarden_lock_freed:{<name>}:<token>
+// for the rest of its lease, where a resend finds its own level; an answer
+// that comes only after the lease's local deadline is ErrLeaseLost, since
+// whether the release freed the lock can no longer be told. Anything else that
 // finds the ownership gone (another client's ForceReleaseClient, a Redis
 // that lost the lock, a lease that ran out) is ErrNotHeld or ErrNotOwner,
 // and the Hold's Context ends with a lost lease, not ErrReleased. A Hold's
@@ -170,7 +172,7 @@
 //	lockwarden_lock_queue:{<name>}           sorted set: waiting owners, by arrival
 //	lockwarden_lock_queue_entry:{<name>}     hash: owner ID -> "<lapses at, ms> <lease ms> <queue TTL ms> <client ID> <ticket> <terms>"; fair-share state
 //	lockwarden_lock_done:{<name>}            hash: tickets of finished calls whose requests may still arrive late; expires
-//	lockwarden_lock_freed:{<name>}           hash: the lock hash as the release that last freed it left it; expires with the lease it had
+//	lockwarden_lock_freed:{<name>}:<token>   hash: the lock hash as the release that freed that ownership left it; expires with the lease it had
 //	lockwarden_lock__notice:{<name>}:<client ID> channel: hand-overs and "you are next" notices for a client's waiters
 //
 // All keys of a lock share a hash tag, so every script call stays within one

@@ -78,7 +78,9 @@ func (h *Hold) Err() error { return h.own.err() }
 // the lock (see freed_by in scripts/lib.lua), and Unlock then reports
 // success, whoever holds the lock since. Anything else that finds the
 // ownership gone (another client's ForceReleaseClient, a Redis that lost
-// the lock, a lease that ran out) is an error.
+// the lock, a lease that ran out) is an error; one whose answer came only
+// after the lease's local deadline is ErrLeaseLost, since Redis no longer
+// keeps what would tell.
 func (h *Hold) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -123,19 +125,21 @@ func (h *Hold) Unlock(ctx context.Context) error {
 	// Holds whose Unlock failed go first: they are given up in the client
 	// already, and the last Unlock must leave none of their levels behind.
 	for _, p := range pending {
-		if _, err := c.release(ctx, o, p.ticketArg, emptyArg); err == nil {
+		if _, _, err := c.release(ctx, o, p.ticketArg, emptyArg); err == nil {
 			p.markUnlocked()
 		}
 	}
 	var remaining int64
 	var err error
-	freed := false
+	freed, late, resent := false, false, false
 	if last && taken && remember == emptyArg && h.ticket == string(o.key.owner) && !c.waits.listening(o.key.name) {
-		freed, err = c.unlock(ctx, o, h)
+		freed, late, err = c.unlock(ctx, o, h)
 	}
 	if !freed && err == nil {
-		remaining, err = c.release(ctx, o, h.ticketArg, remember)
+		remaining, resent, err = c.release(ctx, o, h.ticketArg, remember)
+		late = late || resent
 	}
+	answered := time.Now()
 
 	c.mu.Lock()
 	if last {
@@ -162,7 +166,7 @@ func (h *Hold) Unlock(ctx context.Context) error {
 		return err
 	}
 	h.unlocked = true
-	result, cause := released(remaining)
+	result, cause := released(remaining, late && !answered.Before(o.deadline))
 	if retry {
 		h.failed = false
 		o.dropPending(h)
@@ -185,17 +189,24 @@ func (h *Hold) Unlock(ctx context.Context) error {
 // and to why the ownership ends if that was its last level here: a count
 // of 0 or more, the release ran (this send or the first); -1, nobody holds
 // the lock and this release freed nothing: the ownership was lost; -2 or
-// -3, another ownership holds it.
-func released(remaining int64) (result, cause error) {
+// -3, another ownership holds it. Redis keeps what a freeing release left
+// for as long as the ownership's lease could have run (see freed_key in
+// scripts/lib.lua), so a negative answer is sure only if it came before
+// the ownership's local deadline, or if no copy of the request may have run
+// before the one that answered (overdue false); otherwise, whether this
+// Unlock freed the lock is unknown, and the result is ErrLeaseLost.
+func released(remaining int64, overdue bool) (result, cause error) {
 	switch {
 	case remaining >= 0:
 		return nil, ErrReleased
+	case remaining < -3:
+		return unexpectedReply("release", remaining), ErrNotOwner
+	case overdue:
+		return fmt.Errorf("%w: the answer came after the lease's local deadline, so whether this Unlock freed the lock is unknown", ErrLeaseLost), ErrLeaseLost
 	case remaining == -1:
 		return ErrNotHeld, ErrLeaseLost
-	case remaining == -2, remaining == -3:
-		return ErrNotOwner, ErrNotOwner
 	default:
-		return unexpectedReply("release", remaining), ErrNotOwner
+		return ErrNotOwner, ErrNotOwner
 	}
 }
 
@@ -413,8 +424,22 @@ func (c *Client) hold(m *Mutex, call *lockCall, res acquireResult, start time.Ti
 // lock, and the hold counts from its send. Otherwise Lock returns
 // ErrLeaseLost: the process was paused, or the network slowed, past the
 // lease.
-func (c *Client) stillHeld(ctx context.Context, h *Hold) (*Hold, error) {
+//
+// A ForceReleaseClient of this client that began while the Lock was in
+// flight (forced is the count of those begun when it started) may have
+// removed what the Lock took after it ended the client's Holds: the Lock
+// then waits for it to finish, and one renewal tells whether the ownership
+// is still in Redis; if not, Lock returns ErrNotOwner.
+func (c *Client) stillHeld(ctx context.Context, h *Hold, forced uint64) (*Hold, error) {
 	o := h.own
+	if c.forced.Load() != forced {
+		c.forcing.RLock()
+		renewed, err := c.renew(context.WithoutCancel(ctx), o)
+		c.forcing.RUnlock()
+		if err == nil && !renewed {
+			c.end(o, ErrNotOwner)
+		}
+	}
 	c.mu.Lock()
 	overdue := c.held[o.key] == o && !time.Now().Before(o.deadline)
 	c.mu.Unlock()
@@ -436,15 +461,17 @@ func (c *Client) stillHeld(ctx context.Context, h *Hold) (*Hold, error) {
 // changes nothing and reports it, for release.lua to decide. It is tried
 // only where it likely succeeds: the client took the lock with take.lua,
 // and does not listen on the lock for waiters of its own.
-func (c *Client) unlock(ctx context.Context, o *ownership, h *Hold) (freed bool, err error) {
+func (c *Client) unlock(ctx context.Context, o *ownership, h *Hold) (freed, late bool, err error) {
 	s := c.scripts.unlock
 	args := scriptArgs(s, o.keys.unlockArgs, 2)
 	args = append(args, o.ownerArg, o.tokenArg)
+	sent := time.Now()
 	n, err := run(ctx, c.rdb, s, args).Int64()
+	late = time.Since(sent) >= c.lateAfter
 	if outcomeUnknown(err) {
-		n, _, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) { return run(ctx, c.rdb, s, args).Int64() })
+		n, late, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) { return run(ctx, c.rdb, s, args).Int64() })
 	}
-	return err == nil && n == 0, failure(ctx, err)
+	return err == nil && n == 0, late, failure(ctx, err)
 }
 
 // releaseAll ends every ownership the client holds with ErrClosed, then
@@ -515,16 +542,22 @@ func (c *Client) releaseAll() {
 // release runs the release script for the Hold with the ticket given (see
 // release.lua); remember names the calls to remember as finished. A lost
 // reply is resolved by sending the same request again.
-func (c *Client) release(ctx context.Context, o *ownership, ticketArg, remember any) (int64, error) {
+//
+// late reports whether a copy of the request may have run before the one
+// that answered: it was resent, or took long enough for go-redis to resend
+// it (see request.go).
+func (c *Client) release(ctx context.Context, o *ownership, ticketArg, remember any) (n int64, late bool, err error) {
 	args := scriptArgs(c.scripts.release, o.keys.keyArgs, 6)
 	args = append(args, o.ownerArg, ticketArg, o.tokenArg, remember, c.rememberArg, time.Now().UnixMicro())
-	n, err := run(ctx, c.rdb, c.scripts.release, args).Int64()
+	sent := time.Now()
+	n, err = run(ctx, c.rdb, c.scripts.release, args).Int64()
+	late = time.Since(sent) >= c.lateAfter
 	if outcomeUnknown(err) {
-		n, _, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) {
+		n, late, err = resolved(ctx, c, err, func(ctx context.Context) (int64, error) {
 			return run(ctx, c.rdb, c.scripts.release, args).Int64()
 		})
 	}
-	return n, failure(ctx, err)
+	return n, late, failure(ctx, err)
 }
 
 // end forgets o and ends its context with cause, if o is still held, after

@@ -9,9 +9,10 @@ import (
 const MaxNameLength = 1024
 
 // Key prefixes of Redisson's layout, plus lockwarden's wait queue, its
-// record of finished calls and the hash a release last freed. Every key but
-// the lock hash itself carries the name's hash tag (see hashTag), so all
-// keys of one lock live in the same Redis Cluster slot as the hash <name>.
+// record of finished calls and the hashes releases freed (freedPrefix + tag
+// + ":" + token, named by the scripts). Every key but the lock hash itself
+// carries the name's hash tag (see hashTag), so all keys of one lock live in
+// the same Redis Cluster slot as the hash <name>.
 const (
 	channelPrefix    = "redisson_lock__channel:"
 	tokenPrefix      = "redisson_lock_token:"
@@ -74,11 +75,11 @@ func keysFor(name string) lockKeys {
 		noticePrefix: noticePrefix + tag + ":",
 		members:      noticePrefix + tag,
 	}
-	k.all = []string{name, k.channel, tokenPrefix + tag, queuePrefix + tag, queueEntryPrefix + tag, donePrefix + tag, freedPrefix + tag}
+	k.all = []string{name, k.channel, tokenPrefix + tag, queuePrefix + tag, queueEntryPrefix + tag, donePrefix + tag}
 	// The key count as a string: go-redis reads it to route a Cluster
 	// command, and would format a number.
 	k.keyArgs = make([]any, 1+len(k.all))
-	k.keyArgs[0] = "7"
+	k.keyArgs[0] = "6"
 	for i, key := range k.all {
 		k.keyArgs[1+i] = key
 	}
@@ -86,7 +87,7 @@ func keysFor(name string) lockKeys {
 	k.nameArg = k.keyArgs[1]
 	k.nameArgs = []any{"1", k.nameArg}
 	k.takeArgs = []any{"4", k.nameArg, k.keyArgs[3], k.keyArgs[4], k.keyArgs[6]}
-	k.unlockArgs = []any{"3", k.nameArg, k.keyArgs[2], k.keyArgs[7]}
+	k.unlockArgs = []any{"2", k.nameArg, k.keyArgs[2]}
 	return k
 }
 

@@ -147,7 +147,9 @@ func (m *Mutex) newCall(ctx context.Context) (lockCall, error) {
 // ErrUnavailable; once waiting, it rides out Redis errors (a failover, a
 // dropped connection) and retries. If the lease ran out before Redis's
 // answer came back (the process was paused, or the network slowed, past
-// the lease), Lock returns ErrLeaseLost.
+// the lease), Lock returns ErrLeaseLost; if the client's own
+// ForceReleaseClient removed what it took while it was in flight,
+// ErrNotOwner.
 func (m *Mutex) Lock(ctx context.Context) (*Hold, error) {
 	return m.lock(ctx, -1)
 }
@@ -174,7 +176,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
+	start, forced := time.Now(), c.forced.Load()
 	if wait == 0 {
 		// A single attempt, which neither queues nor waits.
 		res, err := c.take(ctx, m, &call)
@@ -193,7 +195,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 			}
 			return nil, ErrWaitTimeout
 		}
-		return c.stillHeld(ctx, c.hold(m, &call, res, start))
+		return c.stillHeld(ctx, c.hold(m, &call, res, start), forced)
 	}
 
 	var (
@@ -217,7 +219,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 			}
 		}
 		if res.acquired {
-			return c.stillHeld(ctx, c.hold(m, &call, res, start))
+			return c.stillHeld(ctx, c.hold(m, &call, res, start), forced)
 		}
 		queued = true
 	}
@@ -244,7 +246,7 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 			return nil, err
 		}
 	}
-	return c.stillHeld(ctx, c.hold(m, &w.call, res, start))
+	return c.stillHeld(ctx, c.hold(m, &w.call, res, start), forced)
 }
 
 // acquireResult is the outcome of one acquire attempt, or of a hand-over.

@@ -10,18 +10,23 @@ import (
 func TestReleaseRepliesMapToTypedErrors(t *testing.T) {
 	for _, tc := range []struct {
 		reply         int64
+		overdue       bool
 		result, cause error
 	}{
-		{2, nil, ErrReleased},
-		{0, nil, ErrReleased},
-		{-1, ErrNotHeld, ErrLeaseLost},
-		{-2, ErrNotOwner, ErrNotOwner},
-		{-3, ErrNotOwner, ErrNotOwner},
-		{-9, ErrUnexpectedReply, ErrNotOwner},
+		{2, false, nil, ErrReleased},
+		{0, false, nil, ErrReleased},
+		{0, true, nil, ErrReleased},
+		{-1, false, ErrNotHeld, ErrLeaseLost},
+		{-2, false, ErrNotOwner, ErrNotOwner},
+		{-3, false, ErrNotOwner, ErrNotOwner},
+		// Past the deadline, what the release left may be gone: unknown.
+		{-1, true, ErrLeaseLost, ErrLeaseLost},
+		{-2, true, ErrLeaseLost, ErrLeaseLost},
+		{-9, false, ErrUnexpectedReply, ErrNotOwner},
 	} {
-		result, cause := released(tc.reply)
+		result, cause := released(tc.reply, tc.overdue)
 		if !errors.Is(result, tc.result) || tc.result == nil && result != nil || !errors.Is(cause, tc.cause) {
-			t.Errorf("released(%d) = %v, %v; want %v, %v", tc.reply, result, cause, tc.result, tc.cause)
+			t.Errorf("released(%d, overdue %v) = %v, %v; want %v, %v", tc.reply, tc.overdue, result, cause, tc.result, tc.cause)
 		}
 	}
 }

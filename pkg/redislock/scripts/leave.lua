@@ -29,9 +29,9 @@ if queuedTicket == ticket then
   end
   result = 1
 end
-local f = redis.call('hmget', KEYS[1], owner, '~h' .. ticket, '~q')
-if f[1] and level(f[2], owner, ticket) == 'live' then
-  undo_level(owner, ticket, tonumber(f[1]), 0, f[3], prefix, remembered, ARGV[4])
+local f = redis.call('hmget', KEYS[1], owner, '~h' .. ticket, '~q', '~t')
+if f[1] and f[4] and level(f[2], owner, ticket) == 'live' then
+  undo_level(owner, ticket, f[4], tonumber(f[1]), 0, f[3], prefix, remembered, ARGV[4])
   result = 2
 end
 return result

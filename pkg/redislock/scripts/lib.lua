@@ -8,7 +8,6 @@
 -- KEYS[4] wait queue           lockwarden_lock_queue:{<name>}
 -- KEYS[5] wait queue entries   lockwarden_lock_queue_entry:{<name>}
 -- KEYS[6] finished calls       lockwarden_lock_done:{<name>}
--- KEYS[7] the last freed hash  lockwarden_lock_freed:{<name>}
 --
 -- The lock hash is Redisson's: the owner ID's field counts its levels, and
 -- PEXPIRE is the lease. Lockwarden adds fields no owner ID can be, since
@@ -54,15 +53,15 @@
 --
 -- KEYS[6] remembers the tickets of calls whose requests may still arrive
 -- late, once their levels are undone (see release.lua); a request that
--- finds its ticket there changes nothing. Nothing else is kept apart from
--- the lock hash but KEYS[7]: the release that frees the lock renames the
--- hash there rather than deleting it, with the lease it had left, so a
--- resend of that release, whose reply was lost, finds its own level in the
--- ownership it freed and reports the release (see freed_by). The lock hash
--- is otherwise the only record of a call, so eviction cannot make a resend
--- count twice without the lock itself going; an eviction of KEYS[6] can
--- let a late copy of a finished call's Lock take the lock for nobody, so
--- Redis must run with maxmemory-policy noeviction.
+-- finds its ticket there changes nothing. The release that frees the lock
+-- renames its hash to lockwarden_lock_freed:{<name>}:<token> (see
+-- freed_key) rather than deleting it, so a resend of that release, whose
+-- reply was lost, finds its own level in the ownership it freed, for as
+-- long as the lease it had would have run (see freed_by). The lock hash is
+-- otherwise the only record of a call, so eviction cannot make a resend
+-- count twice without the lock itself going; an eviction of KEYS[6] can let
+-- a late copy of a finished call's Lock take the lock for nobody, so Redis
+-- must run with maxmemory-policy noeviction.
 
 -- The clock, in microseconds: the calling client's, if the script has it
 -- (see use_clock), and otherwise the server's, read once per run. Tokens,
@@ -162,13 +161,25 @@ local function level(marker, owner, ticket)
   end
 end
 
+-- freed_key is where the release that freed the ownership whose '~t' is t
+-- keeps the lock's hash: lockwarden_lock_freed:{<name>}:<token>, in the
+-- lock's slot. (release.lua and unlock.lua build the same name on their
+-- fast paths.) The hash keeps the lease it had left, so it is there for as
+-- long as the ownership could have held the lock.
+local function freed_key(t)
+  return 'lockwarden_lock_freed:' .. string.sub(KEYS[2], 24) .. ':' .. string.match(t, '^%d+')
+end
+
 -- freed_by reports whether the release with this ticket freed the
--- ownership whose '~t' is t: the hash the freeing release left in KEYS[7]
--- is that ownership's, with the call's level live in it. Only a release
--- frees a lock by renaming it there: a ForceRelease, a lease that ran out or
--- a Redis that lost the hash leave nothing that passes.
+-- ownership whose '~t' is t: the hash that release left (see freed_key)
+-- shows the call's level live in it. Only a release frees a lock by
+-- renaming it so: a ForceRelease, a lease that ran out or a Redis that lost
+-- the hash leave nothing that passes.
 local function freed_by(owner, ticket, t)
-  local g = redis.call('hmget', KEYS[7], owner, '~t', '~h' .. ticket)
+  if not string.match(t, '^%d+') then
+    return false
+  end
+  local g = redis.call('hmget', freed_key(t), owner, '~t', '~h' .. ticket)
   return g[1] and g[2] == t and level(g[3], owner, ticket) == 'live'
 end
 
@@ -391,8 +402,9 @@ end
 -- finished if that frees the lock, and the call keeps its marker at 0 if
 -- its ticket is among them. abandoned is how many of the owner's levels a
 -- closed client left (see '~a'): when only those would remain, the lock is
--- freed. The freed hash is kept in KEYS[7] (see freed_by).
-local function undo_level(owner, ticket, count, abandoned, queued, prefix, remembered, ms)
+-- freed, and its hash kept for a resend (see freed_key, with t the
+-- ownership's '~t').
+local function undo_level(owner, ticket, t, count, abandoned, queued, prefix, remembered, ms)
   if count - abandoned > 1 then
     redis.call('hincrby', KEYS[1], owner, -1)
     if ticket == owner then
@@ -404,7 +416,7 @@ local function undo_level(owner, ticket, count, abandoned, queued, prefix, remem
     end
     return count - 1
   end
-  redis.call('rename', KEYS[1], KEYS[7])
+  redis.call('rename', KEYS[1], freed_key(t))
   remember(remembered, ms)
   if queued then
     free_lock(prefix)

@@ -24,7 +24,8 @@ local f = redis.call('hmget', KEYS[1], owner, '~t', '~q', '~h' .. ticket, '~a')
 -- The uncontended case: the last level, nobody queued, nothing to remember.
 if f[1] == '1' and f[2] == ARGV[3] and not f[3] and ARGV[4] == '' and
     (f[4] == '1' or not f[4] and ticket == owner) then
-  redis.call('rename', KEYS[1], KEYS[7])
+  -- (See freed_key in lib.lua.)
+  redis.call('rename', KEYS[1], 'lockwarden_lock_freed:' .. string.sub(KEYS[2], 24) .. ':' .. string.match(f[2], '^%d+'))
   redis.pcall('__PUBLISH__', KEYS[2], '0')
   return 0
 end
@@ -46,4 +47,4 @@ end
 if level(f[4], owner, ticket) ~= 'live' then
   return tonumber(f[1])
 end
-return undo_level(owner, ticket, tonumber(f[1]), tonumber(f[5] or '0'), f[3], notice_prefix(), ARGV[4], ARGV[5])
+return undo_level(owner, ticket, f[2], tonumber(f[1]), tonumber(f[5] or '0'), f[3], notice_prefix(), ARGV[4], ARGV[5])
