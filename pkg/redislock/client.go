@@ -163,8 +163,8 @@ type Client struct {
 	// stillHeld).
 	forced  atomic.Uint64
 	forcing sync.RWMutex
-	closed    atomic.Bool
-	done      chan struct{} // closed by Close
+	closed  atomic.Bool
+	done    chan struct{} // closed by Close
 	// closing is cancelled by Close, for the Redis calls in progress.
 	closing     context.Context
 	stopClosing context.CancelFunc
