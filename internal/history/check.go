@@ -75,10 +75,37 @@ func Explain(ops []porcupine.Operation, v Verdict) string {
 	}
 	sort.Slice(rest, func(i, j int) bool { return rest[i].Call < rest[j].Call })
 	b.WriteString("none of these can come next:\n")
+	tokens := make(map[int64]bool)
 	for _, op := range rest {
 		if op.Call <= first {
 			fmt.Fprintf(&b, "  %s\n", line(op))
+			in, out := op.Input.(Input), op.Output.(Output)
+			tokens[in.Token], tokens[out.Token] = true, true
 		}
+	}
+	delete(tokens, 0)
+	// And the whole story of their ownerships.
+	var story []porcupine.Operation
+	lo, hi := Never, int64(0)
+	for _, op := range ops {
+		in, out := op.Input.(Input), op.Output.(Output)
+		if tokens[in.Token] || tokens[out.Token] {
+			story = append(story, op)
+			lo, hi = min(lo, op.Call), max(hi, op.Call)
+		}
+	}
+	// And the faults struck meanwhile.
+	for _, op := range ops {
+		switch op.Input.(Input).Kind {
+		case DataLoss, ForceRelease, Close:
+			if op.Call <= hi && op.Return >= lo {
+				story = append(story, op)
+			}
+		}
+	}
+	if len(story) > 0 {
+		b.WriteString("every operation of their ownerships, and the faults struck meanwhile:\n")
+		b.WriteString(Lines(story))
 	}
 	return b.String()
 }

@@ -33,9 +33,12 @@ import (
 // not its exact timing). An illegal history's porcupine visualisation is
 // written to LOCKWARDEN_HISTORY_DIR, or the system's temporary directory.
 const (
-	envHistoryDuration     = "LOCKWARDEN_HISTORY_DURATION"
-	envHistorySeed         = "LOCKWARDEN_HISTORY_SEED"
-	envHistoryDir          = "LOCKWARDEN_HISTORY_DIR"
+	envHistoryDuration = "LOCKWARDEN_HISTORY_DURATION"
+	envHistorySeed     = "LOCKWARDEN_HISTORY_SEED"
+	envHistoryDir      = "LOCKWARDEN_HISTORY_DIR"
+	// envHistoryFaults, if set, limits the nemesis to the faults whose
+	// names contain one of its comma-separated words (see historyFaults).
+	envHistoryFaults       = "LOCKWARDEN_HISTORY_FAULTS"
 	historyDefaultDuration = 75 * time.Second
 	// historyLength is one history's length: a few hundred operations,
 	// which porcupine checks in well under a second.
@@ -76,6 +79,21 @@ func TestHistory(t *testing.T) {
 		seed = s
 	}
 	t.Logf("first seed %d; %s=%d replays from it", seed, envHistorySeed, seed)
+	faults := historyFaults
+	if v := os.Getenv(envHistoryFaults); v != "" {
+		faults = nil
+		for _, f := range historyFaults {
+			for _, want := range strings.Split(v, ",") {
+				if want != "" && strings.Contains(f.name, want) {
+					faults = append(faults, f)
+					break
+				}
+			}
+		}
+		if len(faults) == 0 {
+			t.Fatalf("%s=%q names none of the faults", envHistoryFaults, v)
+		}
+	}
 
 	srv := redistest.Start(t) // no persistence: a restart loses everything
 	started := time.Now()
@@ -85,7 +103,7 @@ func TestHistory(t *testing.T) {
 		s := seed + uint64(i)
 		var h *recordedHistory
 		if !t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
-			h = recordHistory(t, srv, s)
+			h = recordHistory(t, srv, s, faults)
 			v := history.Check(h.ops, historyCheckTimeout)
 			checking += v.Took
 			histories++
@@ -174,6 +192,7 @@ type historyRun struct {
 	nextID   atomic.Int64 // the next client index
 	holder   atomic.Int64 // the slot whose worker holds the lock, -1 if none
 	lanes    int
+	faults   []historyFault
 	stop     chan struct{}
 	stopped  atomic.Bool
 	wg       sync.WaitGroup
@@ -220,9 +239,9 @@ func (r *historyRun) newClient(s *clientSlot) (*redislock.Client, int) {
 }
 
 // recordHistory runs one history of historyLength and returns it.
-func recordHistory(t *testing.T, srv *redistest.Server, seed uint64) *recordedHistory {
+func recordHistory(t *testing.T, srv *redistest.Server, seed uint64, faults []historyFault) *recordedHistory {
 	r := rand.New(rand.NewPCG(seed, 0x6c6f636b))
-	run := &historyRun{t: t, srv: srv, name: fmt.Sprintf("history:%d", seed), rec: &recordedHistory{}, stop: make(chan struct{})}
+	run := &historyRun{t: t, srv: srv, name: fmt.Sprintf("history:%d", seed), rec: &recordedHistory{}, stop: make(chan struct{}), faults: faults}
 	run.holder.Store(-1)
 	run.adminRDB = srv.Client(t)
 	run.admin = newClient(t, run.adminRDB, historyLockOptions())
@@ -233,7 +252,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, seed uint64) *recordedHi
 		run.slots = append(run.slots, s)
 	}
 	redissons := r.IntN(2)
-	faults := 1 + r.IntN(3)
+	strikes := 1 + r.IntN(3)
 	// Lanes of the visualisation: two a worker (its calls, its Holds'
 	// checks), then the Redisson workers, the inspector and the nemesis.
 	run.lanes = 2*workers + redissons + 2
@@ -263,7 +282,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, seed uint64) *recordedHi
 	nemesisDone := make(chan struct{})
 	go func() {
 		defer close(nemesisDone)
-		run.strike(2*workers+redissons+1, faults, nemesis)
+		run.strike(2*workers+redissons+1, strikes, nemesis)
 	}()
 	time.Sleep(historyLength)
 	<-nemesisDone
@@ -644,7 +663,7 @@ var historyFaults = []historyFault{
 		r.mu.Lock()
 		r.retired = append(r.retired, old)
 		r.mu.Unlock()
-		r.rec.note("Close of client %d (slot %d), its replies slowed: %v", oldID, s.index, slow)
+		r.rec.note("Close of client %d (slot %d), its replies slowed: %v, from %.3fms", oldID, s.index, slow, float64(call)/1e6)
 	}},
 	{"SCRIPT FLUSH", func(r *historyRun, lane int, rnd *rand.Rand) {
 		if err := r.adminRDB.ScriptFlush(context.Background()).Err(); err != nil {
@@ -672,7 +691,7 @@ func (r *historyRun) strike(lane, n int, rnd *rand.Rand) {
 		if time.Now().After(end) {
 			return
 		}
-		f := historyFaults[rnd.IntN(len(historyFaults))]
+		f := r.faults[rnd.IntN(len(r.faults))]
 		f.strike(r, lane, rnd)
 	}
 }
