@@ -122,12 +122,7 @@ func Lines(ops []porcupine.Operation) string {
 }
 
 func line(op porcupine.Operation) string {
-	in, out := op.Input.(Input), op.Output.(Output)
-	ret := "never"
-	if op.Return != Never {
-		ret = ms(op.Return)
-	}
-	return fmt.Sprintf("[%s, %s] %s", ms(op.Call), ret, Describe(in, out))
+	return fmt.Sprintf("[%s, %s] %s", ms(op.Call), ms(op.Return), Describe(op.Input.(Input), op.Output.(Output)))
 }
 
 func ms(ns int64) string { return fmt.Sprintf("%.3fms", float64(ns)/1e6) }

@@ -22,8 +22,7 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// Never is the return time of a call whose outcome is unknown: it may take
-// effect at any time after its start, or never.
+// Never is a time after every operation.
 const Never int64 = math.MaxInt64
 
 // Kind is what an operation is.
@@ -108,8 +107,12 @@ const (
 	// start of a call, ErrLeaseMismatch).
 	Nothing
 	// Unknown is an error that leaves the outcome unknown (ErrUnavailable,
-	// a context's end, a lost reply): the call may have taken effect, at any
-	// time after its start, or not at all. Its Return is Never.
+	// a context's end, a lost reply): the call may have taken effect, or
+	// not at all. A Lock's may take effect at any time after its start: a
+	// copy of its request may arrive late. That is modelled by the lock
+	// being free to be held for nobody from then on (State.Phantoms), rather
+	// than by an operation that never returns, which porcupine would try at
+	// every point of the history.
 	Unknown
 )
 
@@ -187,7 +190,14 @@ type State struct {
 	// Stale are ownerships Redis lost whose Holds may still vouch for them.
 	Stale  [maxStale]stale
 	nStale int
+	// Phantoms has bit c set once a Lock of client c (bit 0: of a
+	// Redisson-script client) had an unknown outcome: from then on, a free
+	// lock may be held for nobody by that client's owner at any time.
+	Phantoms uint64
 }
+
+// phantom is Phantoms' bit for a client; clients beyond 63 share bit 63.
+func phantom(client int) uint64 { return 1 << min(max(client, 0), 63) }
 
 func (s State) free() State {
 	s.Holder, s.Client, s.Owner, s.Token, s.Levels, s.Extra, s.Lapsable, s.Expiry = Free, 0, 0, 0, 0, false, false, 0
@@ -235,13 +245,23 @@ func (s State) vouched(t int64, call int64) bool {
 func (s State) ofClient(c int) bool { return (s.Holder == Held || s.Holder == Orphan) && s.Client == c }
 
 // lapses returns the states s may be in when an operation returning at ret
-// takes effect: s, or free if its holder's lease may have run out by then.
+// takes effect: s, or free if its holder's lease may have run out by then;
+// and if free, held for nobody by a Lock of unknown outcome.
 func lapses(s State, ret int64) []State {
+	next := []State{s}
 	switch {
 	case s.Holder == Orphan, s.Holder == Held && s.Lapsable, s.Holder == Foreign && ret >= s.Expiry:
-		return []State{s, s.free()}
+		s = s.free()
+		next = append(next, s)
 	}
-	return []State{s}
+	if s.Holder == Free {
+		for c := 0; c < 64; c++ {
+			if s.Phantoms&(1<<c) != 0 {
+				next = append(next, s.orphan(c, 0))
+			}
+		}
+	}
+	return next
 }
 
 // step applies one operation to a state in which nothing lapses.
@@ -284,10 +304,8 @@ func step(s State, in Input, out Output) []State {
 		case Nothing:
 			return []State{s}
 		default: // Unknown
+			s.Phantoms |= phantom(in.Client)
 			next := []State{s}
-			if s.Holder == Free {
-				next = append(next, s.orphan(in.Client, 0))
-			}
 			if in.Token != 0 && s.current(in.Token) {
 				e := s
 				e.Extra = true
@@ -378,10 +396,7 @@ func step(s State, in Input, out Output) []State {
 			s.Holder, s.Owner, s.Expiry, s.Last = Foreign, in.Owner, in.Expiry, last
 			return []State{s}
 		case Unknown:
-			if s.Holder == Free {
-				return []State{s, s.orphan(-1, 0)}
-			}
-			return []State{s}
+			s.Phantoms |= phantom(0)
 		}
 		return []State{s}
 	case RedissonUnlock:
@@ -522,6 +537,9 @@ func (s State) String() string {
 	fmt.Fprintf(&b, " last %d", s.Last)
 	for _, st := range s.Stale[:s.nStale] {
 		fmt.Fprintf(&b, " lost %d", st.token)
+	}
+	if s.Phantoms != 0 {
+		fmt.Fprintf(&b, " phantoms %b", s.Phantoms)
 	}
 	return b.String()
 }

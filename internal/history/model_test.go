@@ -7,17 +7,14 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// ms0 is a time in the hand-made histories: milliseconds, as ns.
+// at is a time in the hand-made histories: milliseconds, as ns.
 func at(ms float64) int64 { return int64(ms * 1e6) }
 
 type recorder struct{ ops []porcupine.Operation }
 
-// add records an operation from call to ret (ms; ret < 0 for Never).
+// add records an operation from call to ret (ms).
 func (r *recorder) add(lane int, in Input, call, ret float64, out Output) {
-	in.Call, in.Return = at(call), Never
-	if ret >= 0 {
-		in.Return = at(ret)
-	}
+	in.Call, in.Return = at(call), at(ret)
 	r.ops = append(r.ops, Op(lane, in, out))
 }
 
@@ -128,7 +125,7 @@ func TestModel(t *testing.T) {
 			r.add(1, Input{Kind: Lock, Client: 2}, 4, 5, Output{Result: Timeout})
 		}},
 		{"a TryLock(0) refused by what a Lock of unknown outcome took", porcupine.Ok, func(r *recorder) {
-			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, -1, Output{Result: Unknown})
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 0.5, Output{Result: Unknown})
 			r.add(1, Input{Kind: Lock, Client: 2}, 4, 5, Output{Result: Timeout})
 			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 6, 7, granted(20))
 		}},

@@ -131,13 +131,9 @@ type recordedHistory struct {
 
 func (h *recordedHistory) now() int64 { return int64(time.Since(h.base)) }
 
-// add records an operation from call to now, or to Never if its outcome is
-// unknown.
+// add records an operation from call to now.
 func (h *recordedHistory) add(lane int, in history.Input, call int64, out history.Output) {
 	in.Call, in.Return = call, h.now()
-	if out.Result == history.Unknown {
-		in.Return = history.Never
-	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.ops = append(h.ops, history.Op(lane, in, out))
