@@ -112,7 +112,7 @@ soak: test-deps ## Run the fault soak longer than `make test` does: SOAK_ACQUISI
 
 .PHONY: history
 history: redis ## Run the history checker (TestHistory: lock histories under a seeded nemesis, checked with porcupine) for HISTORY_DURATION (default 30m) instead of make test's 75s; HISTORY_SEED replays from a seed it printed.
-	LOCKWARDEN_HISTORY_DURATION=$(HISTORY_DURATION) LOCKWARDEN_HISTORY_SEED=$(HISTORY_SEED) $(GO) test -race -count=1 -timeout 0 -run '^TestHistory$$' -v ./pkg/redislock/
+	LOCKWARDEN_HISTORY_DURATION=$(HISTORY_DURATION) LOCKWARDEN_HISTORY_SEED=$(HISTORY_SEED) $(GO) test -race -count=1 -timeout 12h -run '^TestHistory$$' -v ./pkg/redislock/
 
 .PHONY: fault
 fault: test-deps ## Run the random fault run on the local control plane (test/e2e TestFaultRun: two manager replicas, leader kills and pauses, Redis and API server faults) for FAULT_DURATION (default 20m) instead of make test's 2m; FAULT_SEED replays a run's choices.
