@@ -48,7 +48,9 @@ const (
 	// (FLUSHALL, or a restart without persistence).
 	DataLoss
 	// ForceRelease is ForceRelease(name, client ID of Input.Client) by a
-	// client of its own (an operator's, the controller's).
+	// client of its own (an operator's, the controller's), or with
+	// Input.Own by that client itself, which ends its Holds before it
+	// releases, as Close does.
 	ForceRelease
 	// Close is Client.Close of the lockwarden client Input.Client.
 	Close
@@ -79,6 +81,8 @@ type Input struct {
 	Token int64
 	// Owner is a Redisson-script client's owner, above 0.
 	Owner int
+	// Own marks a ForceRelease made by the client it names.
+	Own bool
 	// Expiry is, for RedissonLock, when its lease can run out at the
 	// earliest (the send of the attempt that took the lock, plus the
 	// lease); for DataLoss and ForceRelease, when the Holds whose ownership
@@ -368,13 +372,18 @@ func step(s State, in Input, out Output) []State {
 		return []State{s.lose(in.Expiry)}
 	case ForceRelease:
 		match := s.ofClient(in.Client)
+		lost := s.lose(in.Expiry)
+		if in.Own {
+			// The client's own Holds end before the release.
+			lost = s.free()
+		}
 		switch {
 		case out.Result == Unknown && match:
-			return []State{s, s.lose(in.Expiry)}
+			return []State{s, lost}
 		case out.Result == Unknown:
 			return []State{s}
 		case out.Removed > 0 && match:
-			return []State{s.lose(in.Expiry)}
+			return []State{lost}
 		case out.Removed == 0 && !match:
 			return []State{s}
 		}
@@ -481,6 +490,9 @@ func Describe(in Input, out Output) string {
 		call = fmt.Sprintf("%s(%d)", in.Kind, in.Token)
 	case ForceRelease, Close:
 		call = fmt.Sprintf("%s(client %d)", in.Kind, in.Client)
+		if in.Own {
+			call += " by itself"
+		}
 	case RedissonLock, RedissonUnlock:
 		call = fmt.Sprintf("%s(owner %d)", in.Kind, in.Owner)
 	default:

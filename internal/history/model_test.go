@@ -81,6 +81,18 @@ func TestModel(t *testing.T) {
 			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 4, 5, granted(20))
 			r.add(2, Input{Kind: Alive, Token: 10}, 150, 150.1, ok)
 		}},
+		{"a Hold alive after its own client's ForceRelease released it to another", porcupine.Illegal, func(r *recorder) {
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
+			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 5, granted(20))
+			r.add(3, Input{Kind: ForceRelease, Client: 1, Own: true}, 3, 8, Output{Removed: 1})
+			r.add(2, Input{Kind: Alive, Token: 10}, 6, 6.01, ok)
+		}},
+		{"a Hold alive after another client's ForceRelease released it to another", porcupine.Ok, func(r *recorder) {
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
+			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 5, granted(20))
+			r.add(3, Input{Kind: ForceRelease, Client: 1, Expiry: at(8 + lease)}, 3, 8, Output{Removed: 1})
+			r.add(2, Input{Kind: Alive, Token: 10}, 6, 6.01, ok)
+		}},
 		{"case 2: a Hold alive after Close released it to another", porcupine.Illegal, func(r *recorder) {
 			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
 			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 5, granted(20))

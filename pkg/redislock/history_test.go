@@ -644,6 +644,24 @@ var historyFaults = []historyFault{
 		r.rec.add(lane, in, call, out)
 		r.rec.note("ForceRelease of client %d (slot %d): %d removed, %v", id, s.index, n, err)
 	}},
+	{"ForceRelease by the holder's own client", func(r *historyRun, lane int, rnd *rand.Rand) {
+		s := r.target(rnd)
+		c, id := s.get()
+		in := history.Input{Kind: history.ForceRelease, Worker: "nemesis", Client: id, Own: true}
+		call := r.rec.now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		n, err := c.ForceRelease(ctx, r.name, c.ID())
+		cancel()
+		out := history.Output{Removed: n}
+		switch {
+		case errors.Is(err, redislock.ErrClosed):
+			return // the client was closed meanwhile: nothing was sent
+		case err != nil:
+			out = history.Output{Result: history.Unknown, Err: err.Error()}
+		}
+		r.rec.add(lane, in, call, out)
+		r.rec.note("ForceRelease of client %d (slot %d) by itself: %d removed, %v", id, s.index, n, err)
+	}},
 	{"Close in a critical section", func(r *historyRun, lane int, rnd *rand.Rand) {
 		s := r.target(rnd)
 		old, oldID := r.newClient(s)
