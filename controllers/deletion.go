@@ -142,7 +142,7 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 			kept = append(kept, h)
 			continue
 		}
-		if _, err := s.client.ForceRelease(ctx, s.key, string(h.podUID)); err != nil {
+		if _, err := s.client.ForceReleaseClient(ctx, s.key, string(h.podUID)); err != nil {
 			return err
 		}
 		r.grants.drop(s.key, h.podUID)

@@ -240,7 +240,7 @@ func TestLostLeaseReported(t *testing.T) {
 	}
 
 	// An operator force-releases the pod's hold directly in Redis.
-	if _, err := lockClient(t, "operator").ForceRelease(context.Background(), ns+"/leader", string(a.UID)); err != nil {
+	if _, err := lockClient(t, "operator").ForceReleaseClient(context.Background(), ns+"/leader", string(a.UID)); err != nil {
 		t.Fatal(err)
 	}
 	assertEvents(t, ns, "Lost")

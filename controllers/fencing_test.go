@@ -630,7 +630,7 @@ func TestAHoldLostBeforeItsAdoptionLiftsNoGate(t *testing.T) {
 				return nil
 			}
 			return func(error) {
-				if _, err := other.ForceRelease(context.Background(), lockKey(lock), string(x.UID)); err != nil {
+				if _, err := other.ForceReleaseClient(context.Background(), lockKey(lock), string(x.UID)); err != nil {
 					t.Error(err)
 				}
 				hold, err := appMutex.TryLock(context.Background(), 0)

@@ -189,7 +189,7 @@ func TestCase2LostLeaseNeverUngatesASecondPod(t *testing.T) {
 
 	// Redis forgets the lock (a restart without persistence, a failover).
 	operator := lockClient(t, "operator")
-	if _, err := operator.ForceRelease(context.Background(), key, string(run1.UID)); err != nil {
+	if _, err := operator.ForceReleaseClient(context.Background(), key, string(run1.UID)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "run-1 to hold the lock again", func() bool { return holds(t, key, run1) })
@@ -215,7 +215,7 @@ func TestCase2LostLeaseNeverUngatesASecondPod(t *testing.T) {
 		t.Fatal("run-2 was ungated while the lock was in conflict")
 	}
 	// The outsider lets go: the lock goes back to run-1, not to run-2.
-	if _, err := operator.ForceRelease(context.Background(), key, "outsider"); err != nil {
+	if _, err := operator.ForceReleaseClient(context.Background(), key, "outsider"); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "run-1 to hold the lock again", func() bool { return holds(t, key, run1) })
@@ -533,7 +533,7 @@ func TestCase8ReleaseOutsideWakesTheController(t *testing.T) {
 
 	// The application lets go of the lock itself, as on a step-down.
 	released := time.Now()
-	if _, err := inPod.ForceRelease(context.Background(), key, string(app.UID)); err != nil {
+	if _, err := inPod.ForceReleaseClient(context.Background(), key, string(app.UID)); err != nil {
 		t.Fatal(err)
 	}
 	// The controller grants it to the oldest candidate, the same pod,

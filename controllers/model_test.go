@@ -411,7 +411,7 @@ func (w *world) step() string {
 				return false
 			}
 			owner := string(info.Holders[0].Owner)
-			_, err = w.operator.ForceRelease(w.ctx, l.key, owner[:strings.LastIndexByte(owner, ':')])
+			_, err = w.operator.ForceReleaseClient(w.ctx, l.key, owner[:strings.LastIndexByte(owner, ':')])
 			w.must(err)
 			return true
 		}},

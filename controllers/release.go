@@ -22,7 +22,7 @@ func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope
 			remaining = append(remaining, h)
 			continue
 		}
-		if _, err := s.client.ForceRelease(ctx, s.key, string(h.podUID)); err != nil {
+		if _, err := s.client.ForceReleaseClient(ctx, s.key, string(h.podUID)); err != nil {
 			return err
 		}
 		r.grants.drop(s.key, h.podUID)

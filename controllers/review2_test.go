@@ -57,7 +57,7 @@ func TestReview2ConflictErasesTheGrantRecord(t *testing.T) {
 	t.Logf("status after the conflict: holder=%v conditions=%v", getLock(t, lock).Status.Holder, conditionText(getLock(t, lock)))
 
 	// The outsider lets go.
-	if _, err := lockClient(t, "operator").ForceRelease(context.Background(), key, "outsider"); err != nil {
+	if _, err := lockClient(t, "operator").ForceReleaseClient(context.Background(), key, "outsider"); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the key to be held again", func() bool { return len(inspect(t, key).Holders) > 0 })
@@ -139,7 +139,7 @@ func TestReview2ConflictLosesGateLiftedAndARenameReleasesTheRun(t *testing.T) {
 	defer rdb.Close()
 	takeAsOutsider(t, rdb, key)
 	eventually(t, "the conflict to show no holder of this namespace", func() bool { return getLock(t, old).Status.Holder == nil })
-	if _, err := lockClient(t, "operator").ForceRelease(context.Background(), key, "outsider"); err != nil {
+	if _, err := lockClient(t, "operator").ForceReleaseClient(context.Background(), key, "outsider"); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "run-1 to hold the key again", func() bool {

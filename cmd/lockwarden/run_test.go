@@ -141,8 +141,8 @@ func TestRunLockHeldElsewhere(t *testing.T) {
 func TestRunLockLost(t *testing.T) {
 	t.Parallel()
 	forceRelease := func(t *testing.T, f *fixture, name string) {
-		if n, err := f.client.ForceRelease(context.Background(), name, f.podUID); err != nil || n != 1 {
-			t.Fatalf("ForceRelease = %d, %v", n, err)
+		if n, err := f.client.ForceReleaseClient(context.Background(), name, f.podUID); err != nil || n != 1 {
+			t.Fatalf("ForceReleaseClient = %d, %v", n, err)
 		}
 	}
 	stopRedis := func(_ *testing.T, f *fixture, _ string) { f.srv.Stop() }

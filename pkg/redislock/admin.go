@@ -51,7 +51,7 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		return LockInfo{}, failure(ctx, err)
 	}
 	if len(reply) != 4 {
-		return LockInfo{}, errScriptReply
+		return LockInfo{}, unexpectedReply("inspect", reply)
 	}
 	info := LockInfo{Name: name}
 	pttl, _ := reply[0].(int64)
@@ -91,19 +91,22 @@ func (c *Client) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	return info, nil
 }
 
-// ForceRelease removes every hold and wait-queue entry of the lock whose
-// owner ID is "<clientID>:<anything>", whatever its reentry count. If that
-// frees the lock, it is handed to the next live waiter, as by an Unlock.
-// Leases this Client held for those owners end with ErrReleased. It returns
-// how many holders it removed, ctx's error if ctx ends first, and
-// ErrUnavailable if Redis cannot be reached. The controller calls it with a
-// pod UID when the pod terminates.
-func (c *Client) ForceRelease(ctx context.Context, name, clientID string) (int, error) {
+// ForceReleaseClient removes every hold and wait-queue entry of the lock
+// whose owner ID is "<clientID>:<anything>": every owner of that client (a
+// pod UID, for the in-pod client and the controller's grants), whatever its
+// reentry count. If that frees the lock, it is handed to the next live
+// waiter, as by an Unlock. Leases this Client held for those owners end
+// with ErrReleased before Redis is told, so none of its Holds vouches for a
+// lock another client may take meanwhile. It returns how many holders it
+// removed, ctx's error if ctx ends first, and ErrUnavailable if Redis cannot
+// be reached. The controller calls it with a pod UID when the pod
+// terminates.
+func (c *Client) ForceReleaseClient(ctx context.Context, name, clientID string) (int, error) {
 	return c.forceRelease(ctx, name, clientID, "")
 }
 
-// ForceReleaseOwnership is ForceRelease of one ownership: it removes the
-// holds of the owner ID "<clientID>:<anything>" only while the lock's
+// ForceReleaseOwnership is ForceReleaseClient of one ownership: it removes
+// the holds of the owner ID "<clientID>:<anything>" only while the lock's
 // ownership is the one with the fencing token given (see Hold.Token). An
 // ownership taken since, by the same owner or another, is left alone, and 0
 // returned. The controller calls it to end a grant it judged by its token,
@@ -112,8 +115,9 @@ func (c *Client) ForceReleaseOwnership(ctx context.Context, name, clientID strin
 	return c.forceRelease(ctx, name, clientID, strconv.FormatInt(token, 10))
 }
 
-// forceRelease is ForceRelease of the ownership whose fencing token is
-// token, in decimal, or of any if token is "".
+// forceRelease is ForceReleaseClient of the ownership whose fencing token is
+// token, in decimal, or of any if token is "". The client's own Holds of
+// those ownerships end first.
 func (c *Client) forceRelease(ctx context.Context, name, clientID, token string) (int, error) {
 	if err := validateName(name); err != nil {
 		return 0, err
@@ -124,14 +128,7 @@ func (c *Client) forceRelease(ctx context.Context, name, clientID, token string)
 	if err := c.checkOpen(); err != nil {
 		return 0, err
 	}
-	k := keysFor(name)
 	prefix := clientID + ":"
-	args := scriptArgs(c.scripts.forceRelease, k.keyArgs, 2)
-	args = append(args, prefix, token)
-	n, err := run(ctx, c.rdb, c.scripts.forceRelease, args).Int()
-	if err != nil {
-		return 0, failure(ctx, err)
-	}
 	c.mu.Lock()
 	var released []*ownership
 	for key, l := range c.held {
@@ -142,6 +139,13 @@ func (c *Client) forceRelease(ctx context.Context, name, clientID, token string)
 	c.mu.Unlock()
 	for _, l := range released {
 		c.end(l, ErrReleased)
+	}
+	k := keysFor(name)
+	args := scriptArgs(c.scripts.forceRelease, k.keyArgs, 2)
+	args = append(args, prefix, token)
+	n, err := run(ctx, c.rdb, c.scripts.forceRelease, args).Int()
+	if err != nil {
+		return 0, failure(ctx, err)
 	}
 	return n, nil
 }

@@ -320,33 +320,32 @@ type heldKey struct{}
 
 // heldRef is a hold a context carries, and those it carried before.
 type heldRef struct {
-	name  string
-	owner Owner
-	next  *heldRef
+	hold *Hold
+	next *heldRef
 }
 
 // WithHold returns a context that carries h, so that a Lock of h's lock made
 // with it re-enters h's ownership at once, with its fencing token, on any
 // goroutine and through any Mutex or Client of that lock, and returns a
-// Hold of its own. If h's ownership has ended, such a Lock takes the lock
-// anew for h's owner, with a new token, like any Lock of that owner. Locks
-// of other names are unaffected: each acts for an owner of its own, unless
-// the context carries a hold of that lock too. Calls that share a context
-// share its holds: give goroutines that must exclude each other contexts
-// without the hold.
+// Hold of its own. Once h is unlocked, or its ownership has ended, such a
+// Lock fails with ErrNotHeld: the context is no capability to take the
+// lock anew. Locks of other names are unaffected: each acts for an owner of
+// its own, unless the context carries a hold of that lock too. Calls that
+// share a context share its holds: give goroutines that must exclude each
+// other contexts without the hold.
 func WithHold(ctx context.Context, h *Hold) context.Context {
 	next, _ := ctx.Value(heldKey{}).(*heldRef)
-	return context.WithValue(ctx, heldKey{}, &heldRef{name: h.Name(), owner: h.Owner(), next: next})
+	return context.WithValue(ctx, heldKey{}, &heldRef{hold: h, next: next})
 }
 
-// heldOwner returns the owner of the hold of lock name that ctx carries.
-func heldOwner(ctx context.Context, name string) (Owner, bool) {
+// carriedHold returns the hold of lock name that ctx carries, or nil.
+func carriedHold(ctx context.Context, name string) *Hold {
 	for r, _ := ctx.Value(heldKey{}).(*heldRef); r != nil; r = r.next {
-		if r.name == name {
-			return r.owner, true
+		if r.hold.Name() == name {
+			return r.hold
 		}
 	}
-	return "", false
+	return nil
 }
 
 func newUUID() string {

@@ -96,14 +96,14 @@ func TestElectionLossCancelsTheTerm(t *testing.T) {
 	srv := redistest.Start(t)
 	name := lockName(t)
 	ctx := testContext(t)
-	// A lease a loaded machine's stalls do not end before the ForceRelease:
+	// A lease a loaded machine's stalls do not end before the ForceReleaseClient:
 	// the term must end for the other owner found, not for a lapse.
 	aClient := newClient(t, srv.Client(t), redislock.Options{WatchdogLease: 1500 * time.Millisecond})
 	a := campaign(t, aClient, name)
 	first := a.nextTerm(t)
 
 	admin := newClient(t, srv.Client(t), redislock.Options{})
-	if _, err := admin.ForceRelease(ctx, name, aClient.ID()); err != nil {
+	if _, err := admin.ForceReleaseClient(ctx, name, aClient.ID()); err != nil {
 		t.Fatal(err)
 	}
 	other := mustLock(t, ctx, newMutex(t, admin, name, nil))

@@ -48,6 +48,10 @@ var (
 	// command the lock scripts run, or publish where they publish: its
 	// message names what is missing and MinimalACL, the rules to grant.
 	ErrPermission = errors.New("redislock: the Redis user lacks a permission the lock scripts need")
+	// ErrUnexpectedReply is returned when a lock script answers with a
+	// reply none of its documented outcomes has: a bug, or another script
+	// loaded under the same SHA1. Nothing is known of what it changed.
+	ErrUnexpectedReply = errors.New("redislock: unexpected script reply")
 )
 
 // unavailable classifies an error from go-redis. Context errors pass through

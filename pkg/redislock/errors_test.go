@@ -33,7 +33,7 @@ func TestInvalidNamesRejectedBeforeRedis(t *testing.T) {
 		wantErr(t, err, redislock.ErrInvalidName)
 		_, err = c.Inspect(context.Background(), name)
 		wantErr(t, err, redislock.ErrInvalidName)
-		_, err = c.ForceRelease(context.Background(), name, "uid")
+		_, err = c.ForceReleaseClient(context.Background(), name, "uid")
 		wantErr(t, err, redislock.ErrInvalidName)
 		_, err = c.ForceReleaseOwnership(context.Background(), name, "uid", 1)
 		wantErr(t, err, redislock.ErrInvalidName)
@@ -57,7 +57,7 @@ func TestInvalidNamesRejectedBeforeRedis(t *testing.T) {
 	}
 	_, err := c.NewMutex("ok", &redislock.MutexOptions{Owner: "no-separator"})
 	wantErr(t, err, redislock.ErrInvalidOwner)
-	_, err = c.ForceRelease(context.Background(), "ok", "")
+	_, err = c.ForceReleaseClient(context.Background(), "ok", "")
 	wantErr(t, err, redislock.ErrInvalidOwner)
 	_, err = c.ForceReleaseOwnership(context.Background(), "ok", "", 1)
 	wantErr(t, err, redislock.ErrInvalidOwner)

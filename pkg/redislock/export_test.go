@@ -11,7 +11,7 @@ import (
 // ScriptCall tells a test's go-redis hook which of the package's scripts an
 // EVALSHA or EVAL command runs ("acquire" for acquire.lua and take.lua,
 // "release" for release.lua and unlock.lua, "renew", "ttl", "leave",
-// "force_release", "inspect"; "" for any other command), and the owner ID
+// "force_release", "inspect", "abandon"; "" for any other command), and the owner ID
 // it acts for.
 func ScriptCall(args []any) (kind, owner string) {
 	if len(args) < 3 {
@@ -63,6 +63,8 @@ func scriptCall(id string, arg func(int) string) (kind, owner string) {
 		return "renew", arg(0)
 	case ttlScript.Hash():
 		return "ttl", arg(0)
+	case abandonScript.Hash():
+		return "abandon", arg(0)
 	}
 	return "", ""
 }

@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,9 +73,12 @@ func (h *Hold) Err() error { return h.own.err() }
 // last Unlock ends the ownership whatever the outcome: renewal stops, and if
 // Redis still has the lock, its lease runs out.
 //
-// A reply lost on the way is resolved by sending the request again. If the
-// resend finds the lock free before the lease could have run out, the first
-// send freed it, and Unlock reports success.
+// A reply lost on the way is resolved by sending the request again; Redis
+// tells the resend whether the first send undid the Hold's level, or freed
+// the lock (see freed_by in scripts/lib.lua), and Unlock then reports
+// success, whoever holds the lock since. Anything else that finds the
+// ownership gone (another client's ForceReleaseClient, a Redis that lost
+// the lock, a lease that ran out) is an error.
 func (h *Hold) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -110,7 +114,9 @@ func (h *Hold) Unlock(ctx context.Context) error {
 	case h.late:
 		remember = h.ticket
 	}
-	o.releasing++
+	if last {
+		o.releasing++
+	}
 	taken := o.taken
 	c.mu.Unlock()
 
@@ -130,10 +136,11 @@ func (h *Hold) Unlock(ctx context.Context) error {
 	if !freed && err == nil {
 		remaining, err = c.release(ctx, o, h.ticketArg, remember)
 	}
-	now := time.Now()
 
 	c.mu.Lock()
-	o.releasing--
+	if last {
+		o.releasing--
+	}
 	switch {
 	case err != nil && !retry:
 		// Given up in the client: renewal goes on for the levels left, and
@@ -155,8 +162,7 @@ func (h *Hold) Unlock(ctx context.Context) error {
 		return err
 	}
 	h.unlocked = true
-	overdue := !now.Before(o.deadline)
-	result, cause := released(remaining, overdue)
+	result, cause := released(remaining)
 	if retry {
 		h.failed = false
 		o.dropPending(h)
@@ -176,21 +182,36 @@ func (h *Hold) Unlock(ctx context.Context) error {
 }
 
 // released maps a release's answer (see release.lua) to Unlock's result,
-// and to why the ownership ends if that was its last level here. overdue
-// tells whether the lease may have run out by the time the answer came.
-func released(remaining int64, overdue bool) (result, cause error) {
+// and to why the ownership ends if that was its last level here: a count
+// of 0 or more, the release ran (this send or the first); -1, nobody holds
+// the lock and this release freed nothing: the ownership was lost; -2 or
+// -3, another ownership holds it.
+func released(remaining int64) (result, cause error) {
 	switch {
 	case remaining >= 0:
 		return nil, ErrReleased
-	case remaining == -1 && !overdue:
-		// Free before the lease could have run out: a first send of this
-		// request, whose reply was lost, freed it.
-		return nil, ErrReleased
 	case remaining == -1:
 		return ErrNotHeld, ErrLeaseLost
-	default:
+	case remaining == -2, remaining == -3:
 		return ErrNotOwner, ErrNotOwner
+	default:
+		return unexpectedReply("release", remaining), ErrNotOwner
 	}
+}
+
+// reentrable reports why a Lock may not re-enter h's ownership: h was
+// unlocked, or its ownership ended (ErrNotHeld, wrapping why).
+func (h *Hold) reentrable() error {
+	h.mu.Lock()
+	unlocked := h.unlocked || h.failed
+	h.mu.Unlock()
+	if unlocked {
+		return fmt.Errorf("%w: the hold the context carries (WithHold) was unlocked", ErrNotHeld)
+	}
+	if err := h.Err(); err != nil {
+		return fmt.Errorf("%w: the hold the context carries (WithHold) has ended: %w", ErrNotHeld, err)
+	}
+	return nil
 }
 
 // markUnlocked records that a failed Unlock's level was undone by another.
@@ -278,8 +299,9 @@ type ownership struct {
 	// late are the tickets of the ownership's calls whose requests may
 	// still arrive late: the release that frees the lock remembers them.
 	late []string
-	// releasing counts releases in flight: a renewal that finds the lock
-	// gone then is no loss.
+	// releasing counts last Unlocks in flight, which may free the lock: a
+	// renewal that finds the lock gone then is no loss. Any other release
+	// leaves the lock held, so a renewal that finds it gone meanwhile is.
 	releasing   int
 	deadline    time.Time // local monotonic deadline of the ownership
 	deadlineSet time.Time // send time of the call that set deadline
@@ -425,42 +447,54 @@ func (c *Client) unlock(ctx context.Context, o *ownership, h *Hold) (freed bool,
 	return err == nil && n == 0, failure(ctx, err)
 }
 
-// releaseAll releases every level the client's own Locks hold, in one
-// pipelined round trip bounded by RetryFallback, unless the client keeps
-// them (Options.KeepOnClose), and ends the ownerships with ErrClosed:
-// Close's last step.
+// releaseAll ends every ownership the client holds with ErrClosed, then
+// releases the levels its own Locks took in Redis, or with
+// Options.KeepOnClose marks them left for an adopter (see abandon.lua), in
+// one pipelined round trip bounded by RetryFallback: Close's last step. The
+// Holds end first, so that no Hold still vouches for a lock that another
+// client may already have taken.
 func (c *Client) releaseAll() {
-	type release struct {
+	type level struct {
 		o    *ownership
 		hold *Hold
 	}
-	var all []release
+	var all []level
 	var owned []*ownership
 	c.mu.Lock()
 	for _, o := range c.held {
 		owned = append(owned, o)
 		for _, h := range append(append([]*Hold{o.first}, o.more...), o.pending...) {
 			if h != nil {
-				all = append(all, release{o, h})
+				all = append(all, level{o, h})
 			}
 		}
 	}
 	c.mu.Unlock()
-	if len(all) > 0 && !c.opts.KeepOnClose {
+	for _, o := range owned {
+		c.end(o, ErrClosed)
+	}
+	if len(all) > 0 {
+		s, keys, argc := c.scripts.release, func(o *ownership) []any { return o.keys.keyArgs }, 6
+		if c.opts.KeepOnClose {
+			s, keys, argc = abandonScript, func(o *ownership) []any { return o.keys.nameArgs }, 3
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.RetryFallback)
-		send := func(todo []release, eval bool) []release {
+		send := func(todo []level, eval bool) []level {
 			pipe := c.rdb.Pipeline()
 			cmds := make([]*redis.Cmd, len(todo))
 			for i, r := range todo {
-				args := scriptArgs(c.scripts.release, r.o.keys.keyArgs, 6)
-				args = append(args, r.o.ownerArg, r.hold.ticketArg, r.o.tokenArg, emptyArg, c.rememberArg, time.Now().UnixMicro())
+				args := scriptArgs(s, keys(r.o), argc)
+				args = append(args, r.o.ownerArg, r.hold.ticketArg, r.o.tokenArg)
+				if !c.opts.KeepOnClose {
+					args = append(args, emptyArg, c.rememberArg, time.Now().UnixMicro())
+				}
 				if eval {
-					args[0], args[1] = "eval", c.scripts.release.body
+					args[0], args[1] = "eval", s.body
 				}
 				cmds[i] = pipe.Do(ctx, args...)
 			}
 			_, _ = pipe.Exec(ctx)
-			var again []release
+			var again []level
 			for i, cmd := range cmds {
 				if isNoScript(cmd.Err()) {
 					again = append(again, todo[i])
@@ -475,9 +509,6 @@ func (c *Client) releaseAll() {
 	}
 	for _, r := range all {
 		r.hold.markUnlocked()
-	}
-	for _, o := range owned {
-		c.end(o, ErrClosed)
 	}
 }
 

@@ -222,8 +222,8 @@ func TestCase4NamesThatWouldAliasAreRefused(t *testing.T) {
 		if _, err := c.Inspect(ctx, name); !errors.Is(err, redislock.ErrInvalidName) {
 			t.Errorf("Inspect(%q) = %v, want ErrInvalidName", name, err)
 		}
-		if _, err := c.ForceRelease(ctx, name, "x"); !errors.Is(err, redislock.ErrInvalidName) {
-			t.Errorf("ForceRelease(%q) = %v, want ErrInvalidName", name, err)
+		if _, err := c.ForceReleaseClient(ctx, name, "x"); !errors.Is(err, redislock.ErrInvalidName) {
+			t.Errorf("ForceReleaseClient(%q) = %v, want ErrInvalidName", name, err)
 		}
 	}
 	for _, name := range []string{"orders", "{tenant}:orders", "a:{b}", "{t}x"} {
@@ -620,9 +620,9 @@ func TestCase12AWaiterBehindALapsedEntryWakesOnARelease(t *testing.T) {
 	<-dead
 }
 
-// Case 12, second part: Inspect and ForceRelease reported a caller's own
+// Case 12, second part: Inspect and ForceReleaseClient reported a caller's own
 // deadline as ErrUnavailable, as if Redis were down.
-func TestCase12InspectAndForceReleaseReportTheCallersDeadline(t *testing.T) {
+func TestCase12InspectAndForceReleaseClientReportTheCallersDeadline(t *testing.T) {
 	p := startProxied(t)
 	c := newClient(t, p.client(t, 3), redislock.Options{})
 	name := lockName(t)
@@ -630,7 +630,7 @@ func TestCase12InspectAndForceReleaseReportTheCallersDeadline(t *testing.T) {
 	defer p.proxy.Heal()
 	for what, call := range map[string]func(ctx context.Context) error{
 		"Inspect":      func(ctx context.Context) error { _, err := c.Inspect(ctx, name); return err },
-		"ForceRelease": func(ctx context.Context) error { _, err := c.ForceRelease(ctx, name, "x"); return err },
+		"ForceReleaseClient": func(ctx context.Context) error { _, err := c.ForceReleaseClient(ctx, name, "x"); return err },
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		err := call(ctx)
@@ -841,7 +841,7 @@ func TestALockHeldByAnOlderLockwardenIsAdoptedWithItsToken(t *testing.T) {
 	if err := adopted.Refresh(ctx); err != nil {
 		t.Fatalf("renewing the adopted lock: %v", err)
 	}
-	if _, err := c.ForceRelease(ctx, name, "pod-uid"); err != nil {
+	if _, err := c.ForceReleaseClient(ctx, name, "pod-uid"); err != nil {
 		t.Fatal(err)
 	}
 	if inspect(t, c, name).Held() {

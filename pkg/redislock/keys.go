@@ -8,16 +8,17 @@ import (
 // MaxNameLength is the longest lock name accepted, in bytes.
 const MaxNameLength = 1024
 
-// Key prefixes of Redisson's layout, plus lockwarden's wait queue and its
-// record of finished calls. Every key but the lock hash itself carries the
-// name's hash tag (see hashTag), so all keys of one lock live in the same
-// Redis Cluster slot as the hash <name>.
+// Key prefixes of Redisson's layout, plus lockwarden's wait queue, its
+// record of finished calls and the hash a release last freed. Every key but
+// the lock hash itself carries the name's hash tag (see hashTag), so all
+// keys of one lock live in the same Redis Cluster slot as the hash <name>.
 const (
 	channelPrefix    = "redisson_lock__channel:"
 	tokenPrefix      = "redisson_lock_token:"
 	queuePrefix      = "lockwarden_lock_queue:"
 	queueEntryPrefix = "lockwarden_lock_queue_entry:"
 	donePrefix       = "lockwarden_lock_done:"
+	freedPrefix      = "lockwarden_lock_freed:"
 	// noticePrefix + tag + ":" + client ID is the channel on which a
 	// client's waiters for the lock learn that it was handed to them, or
 	// that they head its queue.
@@ -39,8 +40,8 @@ type lockKeys struct {
 	// them apart from other clients on the release channel (see outsiders
 	// in scripts/lib.lua).
 	members string
-	// all is the KEYS list of every script but renew.lua and ttl.lua, in
-	// the order scripts/lib.lua gives.
+	// all is the KEYS list of every script but take.lua, unlock.lua,
+	// renew.lua and ttl.lua, in the order scripts/lib.lua gives.
 	all []string
 	// keyArgs is the key count and all, boxed once for scriptArgs; nameArgs,
 	// takeArgs and unlockArgs the same for the scripts that take the lock
@@ -73,11 +74,11 @@ func keysFor(name string) lockKeys {
 		noticePrefix: noticePrefix + tag + ":",
 		members:      noticePrefix + tag,
 	}
-	k.all = []string{name, k.channel, tokenPrefix + tag, queuePrefix + tag, queueEntryPrefix + tag, donePrefix + tag}
+	k.all = []string{name, k.channel, tokenPrefix + tag, queuePrefix + tag, queueEntryPrefix + tag, donePrefix + tag, freedPrefix + tag}
 	// The key count as a string: go-redis reads it to route a Cluster
 	// command, and would format a number.
 	k.keyArgs = make([]any, 1+len(k.all))
-	k.keyArgs[0] = "6"
+	k.keyArgs[0] = "7"
 	for i, key := range k.all {
 		k.keyArgs[1+i] = key
 	}
@@ -85,7 +86,7 @@ func keysFor(name string) lockKeys {
 	k.nameArg = k.keyArgs[1]
 	k.nameArgs = []any{"1", k.nameArg}
 	k.takeArgs = []any{"4", k.nameArg, k.keyArgs[3], k.keyArgs[4], k.keyArgs[6]}
-	k.unlockArgs = []any{"2", k.nameArg, k.keyArgs[2]}
+	k.unlockArgs = []any{"3", k.nameArg, k.keyArgs[2], k.keyArgs[7]}
 	return k
 }
 
@@ -109,8 +110,18 @@ func validateName(name string) error {
 		return fmt.Errorf("%w: %q is a hash tag alone, so its keys would be those of the lock %q: add to it, as in %s:lock, or drop the braces",
 			ErrInvalidName, name, name[1:len(name)-1], name)
 	}
+	for _, prefix := range keyPrefixes {
+		if strings.HasPrefix(name, prefix) {
+			return fmt.Errorf("%w: %q starts with %q, the prefix of the keys and channels that locks keep beside their hash, so it would be, or could become, a key of another lock: choose a name without it",
+				ErrInvalidName, name, prefix)
+		}
+	}
 	return nil
 }
+
+// keyPrefixes are the prefixes of every key and channel a lock has besides
+// its hash (see keysFor): a lock name must not start with one.
+var keyPrefixes = []string{channelPrefix, tokenPrefix, queuePrefix, queueEntryPrefix, donePrefix, freedPrefix, noticePrefix}
 
 // aliases reports whether name's keys are another name's: "{x}" shares
 // every key but the hash with "x", whose tag it is.

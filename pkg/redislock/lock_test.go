@@ -43,7 +43,7 @@ func runCoreSuite(t *testing.T, b backend) {
 	t.Run("LostRepliesTakeAndUndoOneLevel", func(t *testing.T) { testLostReplies(t, b) })
 	t.Run("HashTaggedName", func(t *testing.T) { testHashTaggedName(t, b) })
 	t.Run("TryLockTimeout", func(t *testing.T) { testTryLockTimeout(t, b) })
-	t.Run("ForceRelease", func(t *testing.T) { testForceRelease(t, b) })
+	t.Run("ForceReleaseClient", func(t *testing.T) { testForceReleaseClient(t, b) })
 	t.Run("ForceReleaseOwnership", func(t *testing.T) { testForceReleaseOwnership(t, b) })
 	t.Run("MutualExclusion", func(t *testing.T) { testMutualExclusion(t, b) })
 }
@@ -142,7 +142,7 @@ func testUnlockByOther(t *testing.T, b backend) {
 	c := newClient(t, b.newRedis(t), redislock.Options{})
 	name := lockName(t)
 	stale := mustLock(t, ctx, newMutex(t, staleClient, name, nil))
-	if _, err := c.ForceRelease(ctx, name, staleClient.ID()); err != nil {
+	if _, err := c.ForceReleaseClient(ctx, name, staleClient.ID()); err != nil {
 		t.Fatal(err)
 	}
 	lease := mustLock(t, ctx, newMutex(t, c, name, nil))
@@ -417,7 +417,7 @@ func testTryLockTimeout(t *testing.T, b backend) {
 	mustUnlock(t, ctx, held)
 }
 
-func testForceRelease(t *testing.T, b backend) {
+func testForceReleaseClient(t *testing.T, b backend) {
 	ctx := testContext(t)
 	c := newClient(t, b.newRedis(t), redislock.Options{})
 	name := lockName(t)
@@ -434,12 +434,12 @@ func testForceRelease(t *testing.T, b backend) {
 	waitFor(t, func() bool { return len(inspect(t, c, name).Waiters) == 1 }, "the waiter to queue")
 
 	// Another UID sharing a prefix is not touched.
-	if n, err := c.ForceRelease(ctx, name, podUID[:8]); err != nil || n != 0 {
-		t.Fatalf("ForceRelease of a prefix = %d, %v; want 0", n, err)
+	if n, err := c.ForceReleaseClient(ctx, name, podUID[:8]); err != nil || n != 0 {
+		t.Fatalf("ForceReleaseClient of a prefix = %d, %v; want 0", n, err)
 	}
-	n, err := c.ForceRelease(ctx, name, podUID)
+	n, err := c.ForceReleaseClient(ctx, name, podUID)
 	if err != nil || n != 1 {
-		t.Fatalf("ForceRelease = %d, %v; want 1 holder removed", n, err)
+		t.Fatalf("ForceReleaseClient = %d, %v; want 1 holder removed", n, err)
 	}
 	l := receiveHold(t, got, 10*time.Second, "the waiter's wake-up after a forced release")
 	wantErr(t, podLease.Err(), redislock.ErrReleased)
@@ -451,7 +451,7 @@ func testForceRelease(t *testing.T, b backend) {
 
 // testForceReleaseOwnership: a forced release judged by a fencing token
 // leaves alone an ownership taken since under the same owner ID, and Redis
-// as it was; with the current ownership's token it is a ForceRelease.
+// as it was; with the current ownership's token it is a ForceReleaseClient.
 func testForceReleaseOwnership(t *testing.T, b backend) {
 	ctx := testContext(t)
 	rdb := b.newRedis(t)
@@ -463,8 +463,8 @@ func testForceReleaseOwnership(t *testing.T, b backend) {
 	podUID := "5d0c7a2e-9b3f-4e61-8a0d-2f4b6c8e1a37"
 	pod := newMutex(t, c, name, &redislock.MutexOptions{Owner: redislock.Owner(podUID + ":0")})
 	first := mustLock(t, ctx, pod)
-	if n, err := admin.ForceRelease(ctx, name, podUID); err != nil || n != 1 {
-		t.Fatalf("ForceRelease = %d, %v; want 1 holder removed", n, err)
+	if n, err := admin.ForceReleaseClient(ctx, name, podUID); err != nil || n != 1 {
+		t.Fatalf("ForceReleaseClient = %d, %v; want 1 holder removed", n, err)
 	}
 	second := mustLock(t, ctx, pod)
 	if second.Token() <= first.Token() {
@@ -637,7 +637,7 @@ func TestRetakenAfterForcedRelease(t *testing.T) {
 	old := mustLock(t, ctx, m)
 
 	admin := newClient(t, srv.Client(t), redislock.Options{})
-	if _, err := admin.ForceRelease(ctx, m.Name(), "3c9d0f4e-8b1a-4f6e-9d2c-7a5b3e1f0c8d"); err != nil {
+	if _, err := admin.ForceReleaseClient(ctx, m.Name(), "3c9d0f4e-8b1a-4f6e-9d2c-7a5b3e1f0c8d"); err != nil {
 		t.Fatal(err)
 	}
 	renewed := mustLock(t, ctx, m)

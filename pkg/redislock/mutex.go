@@ -107,32 +107,43 @@ type lockCall struct {
 	ownerArg  any // string(owner), boxed once
 	ticket    string
 	ticketArg any
+	// reentry, for a re-entry of a hold the context carries, is that
+	// ownership's token, in decimal: the call re-enters it or fails (see
+	// acquire.lua's ARGV[8]); emptyArg otherwise.
+	reentry any
 	// late is set once a request of the call may still arrive late (see
 	// request.go).
 	late bool
 }
 
-// newCall returns the call a Lock makes: for the owner of the hold of the
-// lock that ctx carries, the Mutex's fixed owner, or else a new one.
-func (m *Mutex) newCall(ctx context.Context) lockCall {
-	owner, ok := heldOwner(ctx, m.keys.name)
-	if !ok && m.owner != "" {
-		owner, ok = m.owner, true
-	}
-	if ok {
+// newCall returns the call a Lock makes: a re-entry of the hold of the lock
+// that ctx carries, for the Mutex's fixed owner, or else for a new owner. A
+// carried hold that was unlocked, or whose ownership ended, re-enters
+// nothing: the call fails with ErrNotHeld.
+func (m *Mutex) newCall(ctx context.Context) (lockCall, error) {
+	if h := carriedHold(ctx, m.keys.name); h != nil {
+		if err := h.reentrable(); err != nil {
+			return lockCall{}, err
+		}
 		ticket := m.c.newTicket()
-		return lockCall{owner: owner, ownerArg: string(owner), ticket: ticket, ticketArg: ticket}
+		return lockCall{owner: h.Owner(), ownerArg: h.own.ownerArg, ticket: ticket, ticketArg: ticket,
+			reentry: strconv.FormatInt(h.Token(), 10)}, nil
 	}
-	owner = m.c.NewOwner()
+	if m.owner != "" {
+		ticket := m.c.newTicket()
+		return lockCall{owner: m.owner, ownerArg: string(m.owner), ticket: ticket, ticketArg: ticket, reentry: emptyArg}, nil
+	}
+	owner := m.c.NewOwner()
 	arg := any(string(owner))
-	return lockCall{owner: owner, ownerArg: arg, ticket: string(owner), ticketArg: arg}
+	return lockCall{owner: owner, ownerArg: arg, ticket: string(owner), ticketArg: arg, reentry: emptyArg}, nil
 }
 
 // Lock blocks until it holds the lock, or ctx ends (it then returns ctx's
 // error), and returns the Hold whose Unlock undoes it. If ctx carries a hold
 // of the lock (WithHold), Lock re-enters it at once, with the same fencing
 // token, or fails with ErrLeaseMismatch if the Mutex's lease terms are not
-// the hold's. If Redis cannot be reached on the first attempt, Lock returns
+// the hold's, and with ErrNotHeld if that hold was unlocked or its
+// ownership no longer holds the lock. If Redis cannot be reached on the first attempt, Lock returns
 // ErrUnavailable; once waiting, it rides out Redis errors (a failover, a
 // dropped connection) and retries. If the lease ran out before Redis's
 // answer came back (the process was paused, or the network slowed, past
@@ -159,7 +170,10 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 		return nil, err
 	}
 	defer c.endCall()
-	call := m.newCall(ctx)
+	call, err := m.newCall(ctx)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	if wait == 0 {
 		// A single attempt, which neither queues nor waits.
@@ -171,6 +185,12 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 			return nil, err
 		}
 		if !res.acquired {
+			if call.late {
+				// A copy of the request may still arrive, and take the
+				// lock once it is free, for a call that has returned: Redis
+				// remembers the call as finished first.
+				c.undoAcquire(ctx, m, &call)
+			}
 			return nil, ErrWaitTimeout
 		}
 		return c.stillHeld(ctx, c.hold(m, &call, res, start))
@@ -178,7 +198,6 @@ func (m *Mutex) lock(ctx context.Context, wait time.Duration) (*Hold, error) {
 
 	var (
 		res    acquireResult
-		err    error
 		queued bool
 		bound  <-chan time.Time
 	)
@@ -234,8 +253,8 @@ type acquireResult struct {
 	token    int64         // when acquired; when not, the holder's token
 	pttl     time.Duration // when not: the lock's remaining lease, 0 if free but reserved, <0 if no expiry
 	rank     int64         // when not: the call's place in the queue, from 0; -1 if not queued
-	// lapse, when not acquired and the call is second in line, is how soon
-	// the entry ahead of it lapses unless refreshed; -1 otherwise.
+	// lapse, when not acquired and the call is queued behind others, is how
+	// soon every entry ahead of it lapses unless refreshed; -1 otherwise.
 	lapse time.Duration
 	// sent is when the attempt was sent: the lease started no earlier. For a
 	// hand-over, it is when the waiter's last attempt that found it still
@@ -273,8 +292,8 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue
 	if missed > 0 {
 		after = int64(missed)
 	}
-	args := scriptArgs(c.scripts.acquire, m.keys.keyArgs, 7)
-	args = append(args, call.ownerArg, call.ticketArg, time.Now().UnixMicro(), m.termsArg, queueTTL, c.clientIDArg, after)
+	args := scriptArgs(c.scripts.acquire, m.keys.keyArgs, 8)
+	args = append(args, call.ownerArg, call.ticketArg, time.Now().UnixMicro(), m.termsArg, queueTTL, c.clientIDArg, after, call.reentry)
 
 	res := acquireResult{sent: time.Now()}
 	reply, err := c.sendAcquire(ctx, m, args)
@@ -301,12 +320,16 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue
 			res.acquired, res.token = true, r
 		case r == -1:
 			return acquireResult{}, ErrLeaseMismatch
+		case r == -3:
+			return acquireResult{}, fmt.Errorf("%w: the hold the context carries (WithHold) no longer holds the lock", ErrNotHeld)
 		default:
-			return acquireResult{}, errScriptReply
+			// -2, a finished call: only a copy of a request that its
+			// call no longer waits for gets it.
+			return acquireResult{}, unexpectedReply("acquire", reply)
 		}
 	case []any:
 		if len(r) != 4 {
-			return acquireResult{}, errScriptReply
+			return acquireResult{}, unexpectedReply("acquire", reply)
 		}
 		pttl, _ := r[0].(int64)
 		res.pttl = time.Duration(pttl) * time.Millisecond
@@ -318,7 +341,7 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue
 			res.lapse = -1
 		}
 	default:
-		return acquireResult{}, errScriptReply
+		return acquireResult{}, unexpectedReply("acquire", reply)
 	}
 	if res.acquired && acked >= 0 && acked < int64(c.opts.WaitReplicas) {
 		c.undoAcquire(ctx, m, call)
@@ -380,7 +403,7 @@ func takeReply(cmd *redis.Cmd) (int64, error) {
 	if err := cmd.Err(); err != nil {
 		return 0, err
 	}
-	return 0, errScriptReply
+	return 0, unexpectedReply("take", cmd.Val())
 }
 
 // sendAcquire sends an acquire request once.

@@ -5,7 +5,7 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
-	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -26,6 +26,8 @@ var (
 	renewLua string
 	//go:embed scripts/ttl.lua
 	ttlLua string
+	//go:embed scripts/abandon.lua
+	abandonLua string
 	//go:embed scripts/leave.lua
 	leaveLua string
 	//go:embed scripts/force_release.lua
@@ -41,7 +43,7 @@ var (
 // Redis Functions: EVALSHA works on every Redis a Redisson client works on,
 // and a node that lost its cache costs one EVAL, not a deployment step.
 //
-// All but take.lua, unlock.lua, renew.lua and ttl.lua take the KEYS of
+// All but take.lua, unlock.lua, renew.lua, ttl.lua and abandon.lua take the KEYS of
 // lockKeys and get lib.lua's helpers where they say "@lib", after their fast
 // path: a call on the fast path defines none of them. take.lua and
 // unlock.lua are the uncontended Lock and Unlock alone, with only the keys
@@ -71,6 +73,7 @@ var (
 	shardedScripts = newScriptSet("spublish")
 	renewScript    = newScript(renewLua)
 	ttlScript      = newScript(ttlLua)
+	abandonScript  = newScript(abandonLua)
 )
 
 func newScriptSet(publish string) *scriptSet {
@@ -119,6 +122,8 @@ func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
-// errScriptReply reports a reply of an unexpected shape: a bug or a foreign
-// script under the same SHA, never a normal outcome.
-var errScriptReply = errors.New("redislock: unexpected script reply")
+// unexpectedReply is the error of a script reply that no documented outcome
+// has: a bug, or a foreign script under the same SHA.
+func unexpectedReply(script string, reply any) error {
+	return fmt.Errorf("%w: %s.lua answered %v", ErrUnexpectedReply, script, reply)
+}

@@ -39,7 +39,10 @@ import (
 const (
 	subscriptionLinger = 10 * time.Second
 	// receiveTimeout is how long a receiver blocks before it pings its
-	// connection, so a dead one is noticed, and sweeps idle subscriptions.
+	// connection and sweeps idle subscriptions; a connection that brings
+	// nothing, not even the PING's answer, for another receiveTimeout is
+	// dead (a node that hangs sends no reset), and its locks are
+	// subscribed again (see connDead).
 	receiveTimeout = time.Second
 )
 
@@ -234,12 +237,16 @@ func (ws *waiting) close() {
 // receive is a connection's goroutine: it routes release messages and
 // notices to waiters. A confirmation of a channel already confirmed means a
 // resubscription, after which messages may have been missed, so every
-// waiter on it retries. The shared connection is reconnected and
-// resubscribed by go-redis; a sharded one that fails is dropped, and its
-// locks subscribed again (see rehome).
+// waiter on it retries. When the connection has been quiet for
+// receiveTimeout, it sends a PING; if nothing comes back within another
+// receiveTimeout, the connection is dead, whatever TCP says (a hung node),
+// and its locks are subscribed again on a new one (see connDead). A broken
+// shared connection is reconnected and resubscribed by go-redis; a sharded
+// one is dropped, and its locks subscribed again (see rehomeLocked).
 func (ws *waiting) receive(conn *pubsubConn) {
 	defer ws.c.loops.Done()
 	lastSweep := time.Now()
+	var pinged time.Time // when the PING not yet answered was sent
 	for {
 		msg, err := conn.ps.ReceiveTimeout(context.Background(), receiveTimeout)
 		ws.mu.Lock()
@@ -255,7 +262,14 @@ func (ws *waiting) receive(conn *pubsubConn) {
 		if err != nil {
 			var netErr net.Error
 			if errors.As(err, &netErr) && netErr.Timeout() {
-				_ = conn.ps.Ping(context.Background())
+				switch {
+				case pinged.IsZero():
+					pinged = time.Now()
+					_ = conn.ps.Ping(context.Background())
+				case time.Since(pinged) >= receiveTimeout:
+					ws.connDead(conn)
+					return
+				}
 				continue
 			}
 			if ws.sharded {
@@ -270,6 +284,7 @@ func (ws *waiting) receive(conn *pubsubConn) {
 			}
 			continue
 		}
+		pinged = time.Time{} // anything that arrives shows the connection lives
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			switch m.Kind {
@@ -316,9 +331,39 @@ func (ws *waiting) connFailed(conn *pubsubConn) {
 	ws.rehomeLocked(moved)
 }
 
+// connDead closes a connection that stopped answering, and subscribes its
+// locks again: on a sharded Cluster, on their slots' masters as the cluster
+// now has them (a hung master may have been failed over); elsewhere on a
+// new shared connection, which go-redis opens to the master it now knows.
+func (ws *waiting) connDead(conn *pubsubConn) {
+	if ws.sharded {
+		ws.connFailed(conn)
+		return
+	}
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if conn.closed {
+		return
+	}
+	conn.closed = true
+	_ = conn.ps.Close()
+	if ws.shared == conn {
+		ws.shared = nil
+	}
+	var moved []*subscription
+	for _, sub := range ws.subs {
+		if sub.conn == conn {
+			sub.conn = nil
+			moved = append(moved, sub)
+		}
+	}
+	ws.rehomeLocked(moved)
+}
+
 // rehomeLocked subscribes locks that lost their connection again, on their
-// slots' masters as the cluster has them once it reloaded its state, trying
-// until it succeeds, the lock is no longer subscribed, or the client closes.
+// slots' masters as the cluster has them once it reloaded its state (or on
+// the shared connection, unless sharded), trying until it succeeds, the
+// lock is no longer subscribed, or the client closes.
 // Their waiters retry now, and again once the new subscription confirms:
 // they may have missed a message, and meanwhile they poll.
 func (ws *waiting) rehomeLocked(subs []*subscription) {
@@ -330,13 +375,15 @@ func (ws *waiting) rehomeLocked(subs []*subscription) {
 			w.signal()
 		}
 	}
-	cc := ws.c.rdb.(*redis.ClusterClient)
+	cc, _ := ws.c.rdb.(*redis.ClusterClient)
 	ws.c.loops.Add(1)
 	go func() {
 		defer ws.c.loops.Done()
 		pause := 50 * time.Millisecond
 		for len(subs) > 0 {
-			cc.ReloadState(context.Background())
+			if cc != nil {
+				cc.ReloadState(context.Background())
+			}
 			select {
 			case <-ws.c.done:
 				return

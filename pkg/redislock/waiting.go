@@ -80,9 +80,9 @@ type waiter struct {
 	queuedSent time.Time
 	lastToken  int64
 	handover   *handover // the latest received, not yet taken
-	// aheadLapses, if set, is when the entry ahead of a waiter second in
-	// line lapses unless its waiter refreshes it: then this one heads the
-	// queue, and must know it to act on a release message.
+	// aheadLapses, if set, is when every entry ahead of the waiter lapses
+	// unless their waiters refresh them: then this one heads the queue, and
+	// must know it to act on a release message.
 	aheadLapses time.Time
 	// notBefore, if set, is when a race release lets the head take the
 	// lock: before that, clients outside the queue may (see races in
@@ -183,9 +183,9 @@ func (ws *waiting) exit(w *waiter) {
 	}
 }
 
-// released wakes the lock's waiter at the head of the queue, or second in
-// line behind an entry that has lapsed since. Waiters further back stay
-// asleep: the head takes the lock and the next one is notified.
+// released wakes the lock's waiter at the head of the queue, or one behind
+// entries that have all lapsed since. Waiters further back stay asleep: the
+// head takes the lock and the next one is notified.
 func (ws *waiting) released(sub *subscription) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
@@ -395,8 +395,10 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 		retry = true
 		nap := c.fallback(res.pttl)
 		ws.mu.Lock()
-		if !w.aheadLapses.IsZero() {
-			nap = min(nap, time.Until(w.aheadLapses)+time.Millisecond)
+		if lapses := time.Until(w.aheadLapses); lapses > 0 {
+			// Once the entries ahead lapse, unless refreshed, the call
+			// heads the queue: its next attempt, then, tells it so.
+			nap = min(nap, lapses+time.Millisecond)
 		}
 		if grace > 0 {
 			nap = min(nap, grace)

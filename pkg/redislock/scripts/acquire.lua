@@ -13,17 +13,23 @@
 -- ARGV[6] the client ID, which names its notice channel
 -- ARGV[7] how many release messages the head of the queue heard since its
 --         last attempt: each was a race it did not win (see races)
+-- ARGV[8] for a re-entry of a hold the caller carries (WithHold), that
+--         ownership's token: the call re-enters it or nothing, never takes
+--         the lock anew; "" otherwise
 --
 -- Returns the ownership's token (above 0) when the owner holds the lock with
 -- a level for the call; -1 when the owner holds it under other lease terms;
--- -2 when the call is finished (see KEYS[6]); or, when the owner must wait,
+-- -2 when the call is finished (see KEYS[6]); -3 when the ownership a
+-- re-entry names no longer holds the lock; or, when the owner must wait,
 -- {pttl, rank, token, lapse}: the lock's remaining lease in ms, or for a
 -- lockwarden holder at most that (its lease); 0 when it is free but the
 -- queue's head may take it first, or for how long the head leaves it to
 -- others; -1 when it has no expiry; the call's place in the
 -- queue from 0 (-1: not queued), the holder's token (0 if not lockwarden's),
--- and in ms how soon the entry ahead of a call second in line lapses if its
--- waiter does not refresh it (-1 otherwise).
+-- and in ms how soon every entry ahead of the call lapses if their waiters
+-- do not refresh them (-1 for the head, or a call too far back to look).
+-- Entries ahead that have lapsed are dropped first: a waiter that died
+-- while queued holds up nobody behind it, whether the lock is held or free.
 local owner, ticket, terms = ARGV[1], ARGV[2], ARGV[4]
 local lease = string.match(terms, '^(%d+)')
 
@@ -31,6 +37,9 @@ local lease = string.match(terms, '^(%d+)')
 use_clock(ARGV[3])
 
 local f = redis.call('hmget', KEYS[1], owner, '~t', '~h' .. ticket, '~q')
+if ARGV[8] ~= '' and not (f[1] and token_of(f[2]) == tonumber(ARGV[8])) then
+  return -3
+end
 if f[1] then
   local mine = level(f[3], owner, ticket)
   if mine then
@@ -165,16 +174,26 @@ if foreign then
 end
 local rank = redis.call('zrank', KEYS[4], owner)
 local lapse = -1
+if rank > 0 and rank <= lookahead then
+  -- Drop the entries ahead that lapsed; the call learns how soon the rest
+  -- lapse unless refreshed, when it would head the queue.
+  local ahead = redis.call('zrange', KEYS[4], 0, rank - 1)
+  local entries = redis.call('hmget', KEYS[5], unpack(ahead))
+  for i, id in ipairs(ahead) do
+    local at = parse_entry(entries[i])
+    if at and at > now then
+      lapse = math.max(lapse, at - now)
+    else
+      dequeue(id)
+      rank = rank - 1
+    end
+  end
+end
 if rank == 0 and foreign and (ARGV[7] ~= '0' or redis.call('hget', KEYS[5], '~racing') == owner) then
   -- The head tried on release messages, or after a race release, and
   -- found a Redisson client holding the lock: it lost each race, and the
   -- queue is owed a turn for each (see races).
   redis.call('hincrby', KEYS[5], '~owed', math.max(tonumber(ARGV[7]), 1))
   redis.call('hdel', KEYS[5], '~racing')
-elseif rank == 1 then
-  local ahead = parse_entry(redis.call('hget', KEYS[5], redis.call('zrange', KEYS[4], 0, 0)[1]))
-  if ahead then
-    lapse = math.max(ahead - now, 0)
-  end
 end
 return {pttl, rank, token_of(f[2]) or 0, lapse}

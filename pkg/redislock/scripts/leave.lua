@@ -31,7 +31,7 @@ if queuedTicket == ticket then
 end
 local f = redis.call('hmget', KEYS[1], owner, '~h' .. ticket, '~q')
 if f[1] and level(f[2], owner, ticket) == 'live' then
-  undo_level(owner, ticket, tonumber(f[1]), f[3], prefix, remembered, ARGV[4])
+  undo_level(owner, ticket, tonumber(f[1]), 0, f[3], prefix, remembered, ARGV[4])
   result = 2
 end
 return result

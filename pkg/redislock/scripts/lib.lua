@@ -8,6 +8,7 @@
 -- KEYS[4] wait queue           lockwarden_lock_queue:{<name>}
 -- KEYS[5] wait queue entries   lockwarden_lock_queue_entry:{<name>}
 -- KEYS[6] finished calls       lockwarden_lock_done:{<name>}
+-- KEYS[7] the last freed hash  lockwarden_lock_freed:{<name>}
 --
 -- The lock hash is Redisson's: the owner ID's field counts its levels, and
 -- PEXPIRE is the lease. Lockwarden adds fields no owner ID can be, since
@@ -28,6 +29,10 @@
 --              that frees the lock hands it over, or once the level of a
 --              call with no field of its own was undone: either way an
 --              Unlock must go by release.lua, not unlock.lua
+--   ~a         how many of the owner's levels were left by a client that
+--              closed keeping its locks (Options.KeepOnClose), marked 'a'
+--              in their '~h' fields: the release that leaves only those
+--              frees the lock, so that the owner's adopter can end it
 -- A Redisson owner's hash has none of them, which is how a Redisson holder
 -- is told apart (see free_lock).
 --
@@ -49,9 +54,15 @@
 --
 -- KEYS[6] remembers the tickets of calls whose requests may still arrive
 -- late, once their levels are undone (see release.lua); a request that
--- finds its ticket there changes nothing. Nothing is kept anywhere else:
--- the lock hash is the only record of a call, so eviction cannot make a
--- resend count twice without the lock itself going.
+-- finds its ticket there changes nothing. Nothing else is kept apart from
+-- the lock hash but KEYS[7]: the release that frees the lock renames the
+-- hash there rather than deleting it, with the lease it had left, so a
+-- resend of that release, whose reply was lost, finds its own level in the
+-- ownership it freed and reports the release (see freed_by). The lock hash
+-- is otherwise the only record of a call, so eviction cannot make a resend
+-- count twice without the lock itself going; an eviction of KEYS[6] can
+-- let a late copy of a finished call's Lock take the lock for nobody, so
+-- Redis must run with maxmemory-policy noeviction.
 
 -- The clock, in microseconds: the calling client's, if the script has it
 -- (see use_clock), and otherwise the server's, read once per run. Tokens,
@@ -144,9 +155,21 @@ local function level(marker, owner, ticket)
     return 'live'
   elseif marker == '0' then
     return 'undone'
-  elseif ticket == owner then
+  elseif marker == 'a' then
+    return 'abandoned'
+  elseif not marker and ticket == owner then
     return 'live'
   end
+end
+
+-- freed_by reports whether the release with this ticket freed the
+-- ownership whose '~t' is t: the hash the freeing release left in KEYS[7]
+-- is that ownership's, with the call's level live in it. Only a release
+-- frees a lock by renaming it there: a ForceRelease, a lease that ran out or
+-- a Redis that lost the hash leave nothing that passes.
+local function freed_by(owner, ticket, t)
+  local g = redis.call('hmget', KEYS[7], owner, '~t', '~h' .. ticket)
+  return g[1] and g[2] == t and level(g[3], owner, ticket) == 'live'
 end
 
 -- token_of and terms_of read the two halves of '~t'.
@@ -168,6 +191,10 @@ end
 local function notice_prefix()
   return 'lockwarden_lock__notice:' .. string.sub(KEYS[2], #'redisson_lock__channel:' + 1) .. ':'
 end
+
+-- How far back in the queue a waiter looks at the entries ahead of it (see
+-- acquire.lua): further back, it waits its turn to come nearer.
+local lookahead = 16
 
 local function dequeue(owner)
   redis.call('zrem', KEYS[4], owner)
@@ -330,9 +357,13 @@ local function free_lock(prefix)
         -- The head waits before it takes the lock (see race_grace), so
         -- clients outside the queue that wait for it get it; if one does,
         -- the head finds it held, and the queue is owed a turn (see
-        -- acquire.lua).
+        -- acquire.lua). Its place goes back with the queue's expiry: the
+        -- pop may have deleted the queue, and with it the expiry.
         local wait = tonumber(e[5] or '') or race_grace
         redis.call('zadd', KEYS[4], arrived, head)
+        if redis.call('pttl', KEYS[4]) < 0 then
+          redis.call('pexpire', KEYS[4], 2 * ttl)
+        end
         redis.call('hset', KEYS[5], '~racing', head, '~grace', now_ms() + wait)
         notify(prefix, client, head, '1', wait)
         publish(KEYS[2], '0')
@@ -358,9 +389,11 @@ end
 -- undo_level undoes the level a call holds (its marker is set) and reports
 -- the owner's remaining count; remembered is the tickets to record as
 -- finished if that frees the lock, and the call keeps its marker at 0 if
--- its ticket is among them.
-local function undo_level(owner, ticket, count, queued, prefix, remembered, ms)
-  if count > 1 then
+-- its ticket is among them. abandoned is how many of the owner's levels a
+-- closed client left (see '~a'): when only those would remain, the lock is
+-- freed. The freed hash is kept in KEYS[7] (see freed_by).
+local function undo_level(owner, ticket, count, abandoned, queued, prefix, remembered, ms)
+  if count - abandoned > 1 then
     redis.call('hincrby', KEYS[1], owner, -1)
     if ticket == owner then
       redis.call('hset', KEYS[1], '~h' .. ticket, '0', '~q', '1')
@@ -371,7 +404,7 @@ local function undo_level(owner, ticket, count, queued, prefix, remembered, ms)
     end
     return count - 1
   end
-  redis.call('del', KEYS[1])
+  redis.call('rename', KEYS[1], KEYS[7])
   remember(remembered, ms)
   if queued then
     free_lock(prefix)
