@@ -169,6 +169,13 @@ func (h *recordedHistory) judge(t *testing.T, v history.Verdict, seed uint64) {
 	} else {
 		t.Logf("porcupine's visualisation: %s", path)
 	}
+	text := strings.TrimSuffix(path, ".html") + ".txt"
+	all := "faults:\n" + strings.Join(h.timeline, "\n") + "\noperations:\n" + history.Lines(h.ops)
+	if err := os.WriteFile(text, []byte(all), 0o644); err != nil {
+		t.Errorf("writing the history: %v", err)
+	} else {
+		t.Logf("the whole history, one operation a line: %s", text)
+	}
 	t.Fatalf("the history is not linearizable (%s=%d replays its faults and choices):\n%s",
 		envHistorySeed, seed, history.Explain(h.ops, v))
 }
@@ -502,7 +509,9 @@ func lockOutput(hold *redislock.Hold, err error) history.Output {
 		return history.Output{Token: hold.Token()}
 	case errors.Is(err, redislock.ErrWaitTimeout):
 		return history.Output{Result: history.Timeout, Err: err.Error()}
-	case errors.Is(err, redislock.ErrLeaseMismatch):
+	case errors.Is(err, redislock.ErrLeaseMismatch), errors.Is(err, redislock.ErrNotHeld):
+		// Other lease terms, or WithHold of a Hold that has ended: nothing
+		// is taken.
 		return history.Output{Result: history.Nothing, Err: err.Error()}
 	}
 	// ErrUnavailable, a context's end, ErrClosed for a Lock the Close
@@ -634,7 +643,7 @@ var historyFaults = []historyFault{
 		in := history.Input{Kind: history.ForceRelease, Worker: "nemesis", Client: id}
 		call := r.rec.now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		n, err := r.admin.ForceRelease(ctx, r.name, c.ID())
+		n, err := r.admin.ForceReleaseClient(ctx, r.name, c.ID())
 		cancel()
 		in.Expiry = r.rec.now() + int64(historyLease)
 		out := history.Output{Removed: n}
@@ -650,7 +659,7 @@ var historyFaults = []historyFault{
 		in := history.Input{Kind: history.ForceRelease, Worker: "nemesis", Client: id, Own: true}
 		call := r.rec.now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		n, err := c.ForceRelease(ctx, r.name, c.ID())
+		n, err := c.ForceReleaseClient(ctx, r.name, c.ID())
 		cancel()
 		out := history.Output{Removed: n}
 		switch {
