@@ -97,7 +97,7 @@ func Explain(ops []porcupine.Operation, v Verdict) string {
 	// And the faults struck meanwhile.
 	for _, op := range ops {
 		switch op.Input.(Input).Kind {
-		case DataLoss, ForceRelease, Close:
+		case DataLoss, ForceRelease, Close, Failover:
 			if op.Call <= hi && op.Return >= lo {
 				story = append(story, op)
 			}

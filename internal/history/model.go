@@ -60,9 +60,14 @@ const (
 	RedissonLock
 	// RedissonUnlock is its unlock.
 	RedissonUnlock
+	// Failover is the lock's master failing over to its replica within the
+	// interval. The replica may lack the master's last writes: the lock may
+	// keep its holder, lose it, or come back as it was a moment earlier,
+	// held for an owner that has since let it go.
+	Failover
 )
 
-var kindNames = [...]string{"Lock", "Unlock", "Alive", "Death", "Inspect", "DataLoss", "ForceRelease", "Close", "RedissonLock", "RedissonUnlock"}
+var kindNames = [...]string{"Lock", "Unlock", "Alive", "Death", "Inspect", "DataLoss", "ForceRelease", "Close", "RedissonLock", "RedissonUnlock", "Failover"}
 
 func (k Kind) String() string { return kindNames[k] }
 
@@ -196,12 +201,26 @@ type State struct {
 	nStale int
 	// Phantoms has bit c set once a Lock of client c (bit 0: of a
 	// Redisson-script client) had an unknown outcome: from then on, a free
-	// lock may be held for nobody by that client's owner at any time.
+	// lock may be held for nobody by that client's owner at any time. Bit
+	// 63 (anyPhantom) stands for every client.
 	Phantoms uint64
 }
 
-// phantom is Phantoms' bit for a client; clients beyond 63 share bit 63.
-func phantom(client int) uint64 { return 1 << min(max(client, 0), 63) }
+// anyClient is the client of an orphan that may be any client's.
+const anyClient = -2
+
+const anyPhantom = 1 << 63
+
+// phantom is Phantoms' bit for a client; clients beyond 62 share bit 62.
+func phantom(client int) uint64 { return 1 << min(max(client, 0), 62) }
+
+// phantomClient is the client of Phantoms' bit c.
+func phantomClient(c int) int {
+	if c == 63 {
+		return anyClient
+	}
+	return c
+}
 
 func (s State) free() State {
 	s.Holder, s.Client, s.Owner, s.Token, s.Levels, s.Extra, s.Lapsable, s.Expiry = Free, 0, 0, 0, 0, false, false, 0
@@ -245,8 +264,12 @@ func (s State) vouched(t int64, call int64) bool {
 	return false
 }
 
-// ofClient reports whether the holder is an ownership of lockwarden client c.
-func (s State) ofClient(c int) bool { return (s.Holder == Held || s.Holder == Orphan) && s.Client == c }
+// ofClient reports whether the holder is an ownership of lockwarden client
+// c, and whether it may be (an orphan that may be any client's).
+func (s State) ofClient(c int) (is, may bool) {
+	is = (s.Holder == Held || s.Holder == Orphan) && s.Client == c
+	return is, is || s.Holder == Orphan && s.Client == anyClient
+}
 
 // lapses returns the states s may be in when an operation returning at ret
 // takes effect: s, or free if its holder's lease may have run out by then;
@@ -261,7 +284,7 @@ func lapses(s State, ret int64) []State {
 	if s.Holder == Free {
 		for c := 0; c < 64; c++ {
 			if s.Phantoms&(1<<c) != 0 {
-				next = append(next, s.orphan(c, 0))
+				next = append(next, s.orphan(phantomClient(c), 0))
 			}
 		}
 	}
@@ -370,30 +393,41 @@ func step(s State, in Input, out Output) []State {
 		return []State{s}
 	case DataLoss:
 		return []State{s.lose(in.Expiry)}
+	case Failover:
+		// An earlier holder that came back is held for nobody, of any
+		// client: from now on, as after a Lock of unknown outcome.
+		lost := s.lose(in.Expiry)
+		lost.Phantoms |= anyPhantom
+		return []State{s, lost}
 	case ForceRelease:
-		match := s.ofClient(in.Client)
+		is, may := s.ofClient(in.Client)
 		lost := s.lose(in.Expiry)
 		if in.Own {
 			// The client's own Holds end before the release.
 			lost = s.free()
 		}
 		switch {
-		case out.Result == Unknown && match:
+		case out.Result == Unknown && may:
 			return []State{s, lost}
 		case out.Result == Unknown:
 			return []State{s}
-		case out.Removed > 0 && match:
+		case out.Removed > 0 && may:
 			return []State{lost}
-		case out.Removed == 0 && !match:
+		case out.Removed == 0 && !is:
 			return []State{s}
 		}
 		return nil
 	case Close:
-		if !s.ofClient(in.Client) {
-			return []State{s}
+		is, may := s.ofClient(in.Client)
+		switch {
+		case is:
+			// Released, or left to run out if Redis did not get the
+			// release.
+			return []State{s.free(), s.orphan(s.Client, s.Token)}
+		case may:
+			return []State{s, s.free()}
 		}
-		// Released, or left to run out if Redis did not get the release.
-		return []State{s.free(), s.orphan(s.Client, s.Token)}
+		return []State{s}
 	case RedissonLock:
 		switch out.Result {
 		case OK:

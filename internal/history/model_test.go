@@ -75,6 +75,22 @@ func TestModel(t *testing.T) {
 			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 4, 5, granted(20))
 			r.add(2, Input{Kind: Alive, Token: 10}, 50, 50.1, ok)
 		}},
+		{"a failover that lost the holder, and brought an earlier one back", porcupine.Ok, func(r *recorder) {
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
+			r.add(0, Input{Kind: Unlock, Token: 10}, 2, 3, ok)
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 4, 5, granted(20))
+			r.add(3, Input{Kind: Failover, Expiry: at(9 + lease)}, 6, 9, ok)
+			r.add(5, Input{Kind: Inspect}, 10, 11, Output{Holder: Held, Token: 10})
+			r.add(1, Input{Kind: Lock, Client: 2}, 12, 13, Output{Result: Timeout})
+			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 14, 15, granted(30))
+			r.add(2, Input{Kind: Alive, Token: 20}, 16, 16.1, ok)
+		}},
+		{"a failover's lost holder that should have learned of it", porcupine.Illegal, func(r *recorder) {
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(20))
+			r.add(3, Input{Kind: Failover, Expiry: at(9 + lease)}, 6, 9, ok)
+			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 14, 15, granted(30))
+			r.add(2, Input{Kind: Alive, Token: 20}, 160, 160.1, ok)
+		}},
 		{"a Hold that should have learned of a data loss", porcupine.Illegal, func(r *recorder) {
 			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
 			r.add(3, Input{Kind: DataLoss, Expiry: at(3 + lease)}, 2, 3, ok)

@@ -40,6 +40,9 @@ const (
 	// names contain one of its comma-separated words (see historyFaults).
 	envHistoryFaults       = "LOCKWARDEN_HISTORY_FAULTS"
 	historyDefaultDuration = 75 * time.Second
+	// envHistoryClusterDuration is TestHistoryCluster's.
+	envHistoryClusterDuration     = "LOCKWARDEN_HISTORY_CLUSTER_DURATION"
+	historyClusterDefaultDuration = 20 * time.Second
 	// historyLength is one history's length: a few hundred operations,
 	// which porcupine checks in well under a second.
 	historyLength = 2 * time.Second
@@ -95,7 +98,67 @@ func TestHistory(t *testing.T) {
 		}
 	}
 
-	srv := redistest.Start(t) // no persistence: a restart loses everything
+	// No persistence: a restart loses everything.
+	runHistories(t, &historyBackend{srv: redistest.Start(t)}, total, seed, faults)
+}
+
+// TestHistoryCluster is TestHistory on a Redis Cluster of three masters,
+// each with a replica, whose nemesis pauses the lock's master (SIGSTOP) in
+// every history until its replica takes over, and then resumes it; besides
+// that it closes clients, force-releases and flushes the scripts. Its
+// histories last until the failover is over: some seconds each. `make test`
+// runs it for historyClusterDefaultDuration, `make history` as long as
+// LOCKWARDEN_HISTORY_CLUSTER_DURATION says.
+func TestHistoryCluster(t *testing.T) {
+	total := historyClusterDefaultDuration
+	if v := os.Getenv(envHistoryClusterDuration); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("%s=%q: want a positive duration, such as 10m", envHistoryClusterDuration, v)
+		}
+		total = d
+	}
+	seed := rand.Uint64() >> 1
+	if v := os.Getenv(envHistorySeed); v != "" {
+		s, err := strconv.ParseUint(v, 10, 63)
+		if err != nil {
+			t.Fatalf("%s=%q: want a seed as printed by a run", envHistorySeed, v)
+		}
+		seed = s
+	}
+	t.Logf("first seed %d; %s=%d replays from it", seed, envHistorySeed, seed)
+	var faults []historyFault
+	for _, f := range historyFaults {
+		if f.cluster {
+			faults = append(faults, f)
+		}
+	}
+	runHistories(t, &historyBackend{cluster: redistest.StartCluster(t, 3, 1), first: &failover}, total, seed, faults)
+}
+
+// historyBackend is the Redis deployment histories run on: a standalone
+// server, whose lock clients each reach it through a fault proxy, or a
+// Cluster, whose nemesis fails a master over first in every history.
+type historyBackend struct {
+	srv     *redistest.Server
+	cluster *redistest.Cluster
+	first   *historyFault
+}
+
+// client returns a go-redis client for a lock client: through addr, a
+// proxy, on a standalone server; with opts' timeouts and retries.
+func (b *historyBackend) client(addr string, opts redis.Options) redis.UniversalClient {
+	if b.cluster != nil {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: b.cluster.Addrs(),
+			ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.WriteTimeout, MaxRetries: opts.MaxRetries})
+	}
+	opts.Addr = addr
+	return redis.NewClient(&opts)
+}
+
+// runHistories records and checks histories until total has passed, from
+// seed on, stopping at the first one the model cannot explain.
+func runHistories(t *testing.T, b *historyBackend, total time.Duration, seed uint64, faults []historyFault) {
 	started := time.Now()
 	var histories, ops, unknown int
 	var checking time.Duration
@@ -103,7 +166,7 @@ func TestHistory(t *testing.T) {
 		s := seed + uint64(i)
 		var h *recordedHistory
 		if !t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
-			h = recordHistory(t, srv, s, faults)
+			h = recordHistory(t, b, s, faults)
 			v := history.Check(h.ops, historyCheckTimeout)
 			checking += v.Took
 			histories++
@@ -184,14 +247,14 @@ func (h *recordedHistory) judge(t *testing.T, v history.Verdict, seed uint64) {
 // workers' shared view of who holds it (for the nemesis to aim at).
 type historyRun struct {
 	t     *testing.T
-	srv   *redistest.Server
+	b     *historyBackend
 	name  string
 	rec   *recordedHistory
 	slots []*clientSlot
 	// admin is a lock client of its own, straight to Redis: the operator
 	// who force-releases and inspects.
 	admin    *redislock.Client
-	adminRDB *redis.Client
+	adminRDB redis.UniversalClient
 	nextID   atomic.Int64 // the next client index
 	holder   atomic.Int64 // the slot whose worker holds the lock, -1 if none
 	lanes    int
@@ -202,14 +265,14 @@ type historyRun struct {
 
 	mu      sync.Mutex
 	retired []*redislock.Client // closed by the nemesis, and their go-redis clients
-	rdbs    []*redis.Client
+	rdbs    []redis.UniversalClient
 }
 
 // clientSlot is where a worker finds its lock client: the nemesis closes
 // it and puts a new one, with a new index, in its place.
 type clientSlot struct {
 	index int
-	proxy *redistest.Proxy
+	proxy *redistest.Proxy // nil on a Cluster
 	mu    sync.Mutex
 	c     *redislock.Client
 	id    int // the model's client index
@@ -221,12 +284,14 @@ func (s *clientSlot) get() (*redislock.Client, int) {
 	return s.c, s.id
 }
 
-// newClient puts a new lock client on the slot's proxy and returns the
-// one it replaces, with its index.
+// newClient puts a new lock client on the slot (on its proxy) and returns
+// the one it replaces, with its index.
 func (r *historyRun) newClient(s *clientSlot) (*redislock.Client, int) {
-	opts := historyRedisOptions
-	opts.Addr = s.proxy.Addr
-	rdb := redis.NewClient(&opts)
+	addr := ""
+	if s.proxy != nil {
+		addr = s.proxy.Addr
+	}
+	rdb := r.b.client(addr, historyRedisOptions)
 	c, err := redislock.New(rdb, historyLockOptions())
 	if err != nil {
 		r.t.Fatal(err)
@@ -242,15 +307,22 @@ func (r *historyRun) newClient(s *clientSlot) (*redislock.Client, int) {
 }
 
 // recordHistory runs one history of historyLength and returns it.
-func recordHistory(t *testing.T, srv *redistest.Server, seed uint64, faults []historyFault) *recordedHistory {
+func recordHistory(t *testing.T, b *historyBackend, seed uint64, faults []historyFault) *recordedHistory {
 	r := rand.New(rand.NewPCG(seed, 0x6c6f636b))
-	run := &historyRun{t: t, srv: srv, name: fmt.Sprintf("history:%d", seed), rec: &recordedHistory{}, stop: make(chan struct{}), faults: faults}
+	run := &historyRun{t: t, b: b, name: fmt.Sprintf("history:%d", seed), rec: &recordedHistory{}, stop: make(chan struct{}), faults: faults}
 	run.holder.Store(-1)
-	run.adminRDB = srv.Client(t)
+	if b.cluster != nil {
+		run.adminRDB = b.cluster.Client(t)
+	} else {
+		run.adminRDB = b.srv.Client(t)
+	}
 	run.admin = newClient(t, run.adminRDB, historyLockOptions())
 	clients, workers := 2+r.IntN(2), 3+r.IntN(3)
 	for i := range clients {
-		s := &clientSlot{index: i, proxy: redistest.StartProxy(t, srv.Addr)}
+		s := &clientSlot{index: i}
+		if b.srv != nil {
+			s.proxy = redistest.StartProxy(t, b.srv.Addr)
+		}
 		run.newClient(s)
 		run.slots = append(run.slots, s)
 	}
@@ -550,12 +622,17 @@ func (r *historyRun) inspect(lane int) {
 // safe to run twice), and talks to Redis without a proxy.
 func (r *historyRun) redisson(lane, index int, rnd *rand.Rand) {
 	const lease = 500 * time.Millisecond
-	rdb := redis.NewClient(&redis.Options{Addr: r.srv.Addr, MaxRetries: -1})
+	addr := ""
+	if r.b.srv != nil {
+		addr = r.b.srv.Addr
+	}
+	rdb := r.b.client(addr, redis.Options{MaxRetries: -1})
 	defer rdb.Close()
+	sharded := redislock.ShardedPubSub(rdb)
 	name := fmt.Sprintf("redisson%d", index)
 	for n := 1; !r.stopped.Load(); n++ {
 		owner := index*1_000_000 + n
-		rl := &redistest.Redisson{RDB: rdb, Name: r.name, Lease: lease, Owner: fmt.Sprintf("redisson-%d:1", owner)}
+		rl := &redistest.Redisson{RDB: rdb, Name: r.name, Lease: lease, Owner: fmt.Sprintf("redisson-%d:1", owner), Sharded: sharded}
 		in := history.Input{Kind: history.RedissonLock, Worker: name, Owner: owner}
 		call := r.rec.now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(100+rnd.IntN(400))*time.Millisecond)
@@ -590,12 +667,15 @@ func (r *historyRun) redisson(lane, index int, rnd *rand.Rand) {
 
 // historyFault is one kind of fault the nemesis strikes.
 type historyFault struct {
-	name   string
-	strike func(r *historyRun, lane int, rnd *rand.Rand)
+	name string
+	// cluster marks the faults TestHistoryCluster strikes too: those that
+	// need no proxy and no single server.
+	cluster bool
+	strike  func(r *historyRun, lane int, rnd *rand.Rand)
 }
 
 var historyFaults = []historyFault{
-	{"replies lost", func(r *historyRun, lane int, rnd *rand.Rand) {
+	{"replies lost", false, func(r *historyRun, lane int, rnd *rand.Rand) {
 		s := r.target(rnd)
 		rate := 0.2 + 0.4*rnd.Float64()
 		d := time.Duration(100+rnd.IntN(400)) * time.Millisecond
@@ -604,7 +684,7 @@ var historyFaults = []historyFault{
 		r.pause(d)
 		s.proxy.Heal()
 	}},
-	{"replies delayed past the read timeout", func(r *historyRun, lane int, rnd *rand.Rand) {
+	{"replies delayed past the read timeout", false, func(r *historyRun, lane int, rnd *rand.Rand) {
 		s := r.target(rnd)
 		delay := time.Duration(50+rnd.IntN(350)) * time.Millisecond
 		d := time.Duration(200+rnd.IntN(500)) * time.Millisecond
@@ -613,7 +693,7 @@ var historyFaults = []historyFault{
 		r.pause(d)
 		s.proxy.Heal()
 	}},
-	{"data lost (FLUSHALL)", func(r *historyRun, lane int, rnd *rand.Rand) {
+	{"data lost (FLUSHALL)", false, func(r *historyRun, lane int, rnd *rand.Rand) {
 		call := r.rec.now()
 		if err := r.adminRDB.FlushAll(context.Background()).Err(); err != nil {
 			r.t.Errorf("FLUSHALL: %v", err)
@@ -624,11 +704,11 @@ var historyFaults = []historyFault{
 		r.rec.add(lane, in, call, history.Output{})
 		r.rec.note("FLUSHALL")
 	}},
-	{"Redis restarted without persistence", func(r *historyRun, lane int, rnd *rand.Rand) {
+	{"Redis restarted without persistence", false, func(r *historyRun, lane int, rnd *rand.Rand) {
 		call := r.rec.now()
-		r.srv.Stop()
+		r.b.srv.Stop()
 		time.Sleep(time.Duration(rnd.IntN(200)) * time.Millisecond)
-		if err := r.srv.Restart(); err != nil {
+		if err := r.b.srv.Restart(); err != nil {
 			r.t.Errorf("restarting Redis: %v", err)
 			return
 		}
@@ -637,7 +717,7 @@ var historyFaults = []historyFault{
 		r.rec.add(lane, in, call, history.Output{})
 		r.rec.note("Redis restarted without persistence (from %.3fms)", float64(call)/1e6)
 	}},
-	{"ForceRelease by another client", func(r *historyRun, lane int, rnd *rand.Rand) {
+	{"ForceRelease by another client", true, func(r *historyRun, lane int, rnd *rand.Rand) {
 		s := r.target(rnd)
 		c, id := s.get()
 		in := history.Input{Kind: history.ForceRelease, Worker: "nemesis", Client: id}
@@ -653,7 +733,7 @@ var historyFaults = []historyFault{
 		r.rec.add(lane, in, call, out)
 		r.rec.note("ForceRelease of client %d (slot %d): %d removed, %v", id, s.index, n, err)
 	}},
-	{"ForceRelease by the holder's own client", func(r *historyRun, lane int, rnd *rand.Rand) {
+	{"ForceRelease by the holder's own client", true, func(r *historyRun, lane int, rnd *rand.Rand) {
 		s := r.target(rnd)
 		c, id := s.get()
 		in := history.Input{Kind: history.ForceRelease, Worker: "nemesis", Client: id, Own: true}
@@ -671,10 +751,10 @@ var historyFaults = []historyFault{
 		r.rec.add(lane, in, call, out)
 		r.rec.note("ForceRelease of client %d (slot %d) by itself: %d removed, %v", id, s.index, n, err)
 	}},
-	{"Close in a critical section", func(r *historyRun, lane int, rnd *rand.Rand) {
+	{"Close in a critical section", true, func(r *historyRun, lane int, rnd *rand.Rand) {
 		s := r.target(rnd)
 		old, oldID := r.newClient(s)
-		slow := rnd.IntN(2) == 0
+		slow := s.proxy != nil && rnd.IntN(2) == 0
 		if slow {
 			// Its replies slow: Close's release is answered late.
 			s.proxy.Delay(time.Duration(20+rnd.IntN(150)) * time.Millisecond)
@@ -682,19 +762,93 @@ var historyFaults = []historyFault{
 		call := r.rec.now()
 		_ = old.Close()
 		r.rec.add(lane, history.Input{Kind: history.Close, Worker: "nemesis", Client: oldID}, call, history.Output{})
-		s.proxy.Heal()
+		if slow {
+			s.proxy.Heal()
+		}
 		r.mu.Lock()
 		r.retired = append(r.retired, old)
 		r.mu.Unlock()
 		r.rec.note("Close of client %d (slot %d), its replies slowed: %v, from %.3fms", oldID, s.index, slow, float64(call)/1e6)
 	}},
-	{"SCRIPT FLUSH", func(r *historyRun, lane int, rnd *rand.Rand) {
+	{"SCRIPT FLUSH", true, func(r *historyRun, lane int, rnd *rand.Rand) {
 		if err := r.adminRDB.ScriptFlush(context.Background()).Err(); err != nil {
 			r.t.Errorf("SCRIPT FLUSH: %v", err)
 		}
 		r.rec.note("SCRIPT FLUSH")
 	}},
 }
+
+// failover pauses the lock's master (SIGSTOP) until another node serves
+// its slot, its replica having taken over, and then resumes it: it comes
+// back as a replica.
+var failover = historyFault{"master paused and failed over", true, func(r *historyRun, lane int, rnd *rand.Rand) {
+	ctx := context.Background()
+	node, err := r.adminRDB.(*redis.ClusterClient).MasterForKey(ctx, r.name)
+	if err != nil {
+		r.t.Errorf("the lock's master: %v", err)
+		return
+	}
+	var master *redistest.Server
+	var others []*redistest.Server
+	for _, s := range append(append([]*redistest.Server(nil), r.b.cluster.Masters...), r.b.cluster.Replicas...) {
+		if s.Addr == node.Options().Addr {
+			master = s
+		} else {
+			others = append(others, s)
+		}
+	}
+	if master == nil {
+		r.t.Errorf("the lock's master %s is none of the cluster's nodes", node.Options().Addr)
+		return
+	}
+	// A replica that rejoined after an earlier failover takes over only
+	// once it is in sync.
+	direct := redis.NewClient(&redis.Options{Addr: master.Addr})
+	defer direct.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		info, err := direct.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online") {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.t.Errorf("the lock's master %s has no replica in sync after 30s: %v\n%s", master.Addr, err, info)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	call := r.rec.now()
+	if err := master.Pause(); err != nil {
+		r.t.Errorf("pausing the master: %v", err)
+		return
+	}
+	r.rec.note("master %s paused", master.Addr)
+	// The new master is the node that answers a command on the lock's key
+	// rather than redirect it.
+	took := false
+	for deadline := time.Now().Add(30 * time.Second); !took && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		for _, s := range others {
+			rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+			err := rdb.Exists(ctx, r.name).Err()
+			_ = rdb.Close()
+			if err == nil {
+				took = true
+				r.rec.note("%s took over", s.Addr)
+				break
+			}
+		}
+	}
+	if err := master.Resume(); err != nil {
+		r.t.Errorf("resuming the old master: %v", err)
+	}
+	if !took {
+		r.t.Errorf("no replica took over from %s within 30s", master.Addr)
+		return
+	}
+	in := history.Input{Kind: history.Failover, Worker: "nemesis"}
+	in.Expiry = r.rec.now() + int64(historyLease)
+	r.rec.add(lane, in, call, history.Output{})
+}}
 
 // target picks the client slot to strike: most often the holder's, where
 // the cases that matter are.
@@ -708,6 +862,10 @@ func (r *historyRun) target(rnd *rand.Rand) *clientSlot {
 // strike strikes n faults at random times within the history, one at a
 // time.
 func (r *historyRun) strike(lane, n int, rnd *rand.Rand) {
+	if f := r.b.first; f != nil {
+		r.pause(time.Duration(200+rnd.IntN(600)) * time.Millisecond)
+		f.strike(r, lane, rnd)
+	}
 	end := time.Now().Add(historyLength - 300*time.Millisecond)
 	for range n {
 		r.pause(time.Duration(rnd.Int64N(int64(historyLength / time.Duration(n+1)))))
