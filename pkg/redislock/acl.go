@@ -20,7 +20,7 @@ import (
 // only when they find it free. The key pattern may be narrowed to the lock
 // names used plus redisson_lock_*:* and lockwarden_lock_*:*.
 const MinimalACL = "+@connection +evalsha +eval +script|load +publish +subscribe +unsubscribe +spublish +ssubscribe +sunsubscribe +ping +wait " +
-	"+time +exists +get +set +del +pexpire +pttl +hset +hget +hmget +hexists +hincrby +hdel +hkeys +hgetall " +
+	"+time +exists +get +set +del +rename +pexpire +pttl +hset +hget +hmget +hexists +hincrby +hdel +hkeys +hgetall " +
 	"+zadd +zrem +zrange +zrank +zpopmin +pubsub|numsub +pubsub|shardnumsub " +
 	"~* &redisson_lock__channel:* &lockwarden_lock__notice:*"
 
@@ -55,6 +55,7 @@ try('zrange', KEYS[2], 0, 0)
 try('zpopmin', KEYS[2])
 try('zrem', KEYS[2], 'm')
 try('time')
+try('rename', KEYS[1], KEYS[1])
 try('del', KEYS[1], KEYS[2], KEYS[3])
 return table.concat(denied, ' ')`)
 
@@ -90,4 +91,22 @@ func checkPermissions(rdb redis.UniversalClient, c *Client, sharded bool) error 
 		return fmt.Errorf("%w: it may not run scripts (%v); grant it at least: %s", ErrPermission, err, MinimalACL)
 	}
 	return nil
+}
+
+// warnOfEviction logs a warning when Redis may evict keys under memory
+// pressure (any maxmemory-policy but noeviction): an evicted lock hash is a
+// lock taken from its holder unseen until its next renewal, and an evicted
+// record of finished calls lets a late copy of a request take the lock for
+// nobody. A user that may not run CONFIG GET is not warned.
+func warnOfEviction(rdb redis.UniversalClient, c *Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	policy, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return
+	}
+	if p := policy["maxmemory-policy"]; p != "" && p != "noeviction" {
+		c.opts.Logger.Info("warning: Redis may evict lock keys under memory pressure, taking locks from their holders; set maxmemory-policy noeviction",
+			"maxmemory-policy", p)
+	}
 }

@@ -60,7 +60,8 @@ type Options struct {
 	// many replicas acknowledged the acquisition before reporting success,
 	// like Redisson's synced-replica check. If fewer acknowledge within
 	// WaitReplicasTimeout, the lock is released again and Lock fails with
-	// ErrUnavailable. Default: 0, no wait.
+	// ErrUnavailable, whether it took the lock at once or after waiting.
+	// Default: 0, no wait.
 	WaitReplicas int
 	// WaitReplicasTimeout bounds the WAIT. Default: 1s.
 	WaitReplicasTimeout time.Duration
@@ -210,6 +211,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Client, error) {
 	if err := checkPermissions(rdb, c, sharded); err != nil {
 		return nil, err
 	}
+	warnOfEviction(rdb, c)
 	c.closing, c.stopClosing = context.WithCancel(context.Background())
 	// Owner numbers start at a random point, so that two processes with
 	// the same ID (two containers of one pod, or a restarted container whose

@@ -109,3 +109,62 @@ func masterOf(t *testing.T, rdb *redis.ClusterClient, name string) string {
 	}
 	return node.Options().Addr
 }
+
+// A waiter subscribed on a master that hangs (SIGSTOP), and is failed over
+// meanwhile, hears the next hand-over at once: its client finds the quiet
+// connection dead (its PING goes unanswered) and subscribes again on the
+// slot's new master. Before, it stayed on the hung node and took the lock
+// only at its next poll.
+func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3, 1)
+	rdb := cluster.Client(t)
+	ctx := testContext(t)
+	victim, heir := cluster.Masters[0], cluster.Replicas[0]
+	var name string
+	for i := 0; ; i++ {
+		name = fmt.Sprintf("%s-%d", lockName(t), i)
+		if masterOf(t, rdb, name) == victim.Addr {
+			break
+		}
+	}
+	// A fallback far longer than the test's bound: a waiter that missed the
+	// hand-over would take the lock only at its poll.
+	opts := redislock.Options{RetryFallback: 10 * time.Second}
+	holderRedis := cluster.Client(t)
+	holder := newClient(t, holderRedis, opts)
+	waiter := newClient(t, cluster.Client(t), opts)
+	h := mustLock(t, ctx, newMutex(t, holder, name, nil))
+	waiting := lockAsync(ctx, newMutex(t, waiter, name, nil))
+	waitQueued(t, holder, name, 1)
+	time.Sleep(200 * time.Millisecond) // subscribed on the victim
+
+	if err := victim.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(victim.Stop) // killed paused: it never serves again
+	if err := heir.Client(t).Do(ctx, "cluster", "failover", "takeover").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		rdb.ReloadState(ctx)
+		return masterOf(t, rdb, name) == heir.Addr
+	}, "the replica to take over")
+	// The holder learns the new master (a hung node sends no MOVED); the
+	// waiter's client must find it out by itself.
+	holderRedis.ReloadState(ctx)
+	// Within a second of the failover's end, hand-overs are back to normal:
+	// the dead connection is found within two receive timeouts of the hang.
+	time.Sleep(2 * time.Second)
+	mustUnlock(t, ctx, h)
+	unlocked := time.Now()
+	r := <-waiting
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	took := time.Since(unlocked)
+	mustUnlock(t, ctx, r.h)
+	if took > time.Second {
+		t.Fatalf("the waiter took the lock %v after the hand-over, want at once: it still listened on the hung master", took.Round(time.Millisecond))
+	}
+	t.Logf("hand-over after a hung master's failover: %v", took.Round(time.Millisecond))
+}

@@ -43,15 +43,32 @@
 // see scripts/lib.lua). A resent Lock finds its level there and counts none;
 // a resent Unlock finds its level gone and undoes nothing more; a lock handed
 // over to a waiter is its level too, which any of the waiter's requests
-// takes. Nothing lives apart from the lock that an eviction could take
-// away. A copy of a Lock's request that arrives late, after its Unlock, is
-// refused too: when a request took long enough for that, or was resent, Redis
-// remembers the finished call for as long as go-redis may still send it. A
-// Lock whose outcome stays unknown leaves nothing that anyone renews, so
-// whatever it took runs out with its lease. An Unlock that failed can be
-// called again on the same Hold, however late; a failed last Unlock still
-// ends the hold (renewal stops, and the lock runs out with its lease) and
-// also releases the levels of other Holds whose Unlock failed.
+// takes. A copy of a Lock's request that arrives late, after its Unlock, or
+// after a TryLock that returned ErrWaitTimeout, is refused too: when a
+// request took long enough for that, or was resent, Redis remembers the
+// finished call for as long as go-redis may still send it. A Lock whose
+// outcome stays unknown leaves nothing that anyone renews, so whatever it
+// took runs out with its lease. An Unlock that failed can be called again on
+// the same Hold, however late; a failed last Unlock still ends the hold
+// (renewal stops, and the lock runs out with its lease) and also releases
+// the levels of other Holds whose Unlock failed.
+//
+// # Every answer is true
+//
+// Unlock returns nil only if the Hold's ownership was the lock's owner when
+// the release ran, or the same request's first send freed it: the release
+// that frees a lock keeps its hash as lockwarden_lock_freed:{<name>} for the
+// rest of its lease, where a resend finds its own level. Anything else that
+// finds the ownership gone (another client's ForceReleaseClient, a Redis
+// that lost the lock, a lease that ran out) is ErrNotHeld or ErrNotOwner,
+// and the Hold's Context ends with a lost lease, not ErrReleased. A Hold's
+// Err() is nil only while it owns the lock, as far as the client can know:
+// Close and ForceReleaseClient end the client's Holds before they release
+// in Redis. (A Redis that loses a lock tells nobody: the holder learns it at
+// its next renewal, which is what fencing tokens are for.) Run Redis with
+// maxmemory-policy noeviction: an evicted lock is taken from its holder
+// unseen, and an evicted record of finished calls lets a late copy of a
+// request take a lock for nobody; New logs a warning when Redis may evict.
 //
 // # Leases and the watchdog
 //
@@ -64,7 +81,9 @@
 // released meanwhile, and never waits for a release, so a slow Unlock holds
 // up no other lock's renewal. Leases are whole milliseconds, at least
 // MinLease. Close releases the locks the client holds, unless
-// Options.KeepOnClose leaves them to another process of the same owners.
+// Options.KeepOnClose leaves them to another process of the same owners:
+// that process's Lock for the owner re-enters the ownership, and its last
+// Unlock frees the lock.
 //
 // # The lost-lease signal
 //
@@ -95,7 +114,10 @@
 //
 // # Waiting
 //
-// Waiters form a first-come, first-served queue in Redis. The Unlock that
+// Waiters form a first-come, first-served queue in Redis. A waiter that died
+// while queued costs nothing but its queue TTL: each attempt drops the
+// lapsed entries ahead of the caller, and tells it how soon the others
+// lapse, when it would head the queue. The Unlock that
 // frees the lock hands it straight to the waiter at the head of the queue,
 // with a new token, and tells that waiter on the lock's notice channel for
 // its client: the waiter holds the lock when the notice arrives, without
@@ -110,8 +132,9 @@
 // Redisson uses there), so messages reach the lock's shard only and
 // Redisson's waiters and ours wake each other. A client uses one pub/sub
 // connection for all its waiters, or on a sharded Cluster one per shard;
-// after a failover moves a slot, or a shard's connection breaks, the client
-// subscribes again on the slot's new master, and its waiters retry.
+// after a failover moves a slot, or a shard's connection breaks or stops
+// answering its PING (a hung node), the client subscribes again on the
+// slot's new master, and its waiters retry.
 //
 // An Unlock that frees the lock with nobody queued publishes "0" on
 // redisson_lock__channel:{<name>}, as Redisson's does. A lock can also come
@@ -147,13 +170,15 @@
 //	lockwarden_lock_queue:{<name>}           sorted set: waiting owners, by arrival
 //	lockwarden_lock_queue_entry:{<name>}     hash: owner ID -> "<lapses at, ms> <lease ms> <queue TTL ms> <client ID> <ticket> <terms>"; fair-share state
 //	lockwarden_lock_done:{<name>}            hash: tickets of finished calls whose requests may still arrive late; expires
+//	lockwarden_lock_freed:{<name>}           hash: the lock hash as the release that last freed it left it; expires with the lease it had
 //	lockwarden_lock__notice:{<name>}:<client ID> channel: hand-overs and "you are next" notices for a client's waiters
 //
 // All keys of a lock share a hash tag, so every script call stays within one
 // Redis Cluster slot. As with Redisson's prefixName, the tag is {<name>}, or,
 // for a name that has a tag of its own ("{tenant}:orders"), the name as it
 // is; a name that is a tag alone ("{orders}") would share every key but the
-// hash with another ("orders"), and is refused. The queue keys expire two
+// hash with another ("orders"), and is refused, as is a name that starts
+// with the prefix of one of these keys or channels. The queue keys expire two
 // QueueTTLs after the last waiter refreshed them. Standalone, Sentinel
 // (redis.NewFailoverClient) and Cluster clients all work. Set
 // Options.WaitReplicas to have Lock wait for replicas to acknowledge,
@@ -171,8 +196,9 @@
 // (wrapping the Redis error), ErrLeaseMismatch, ErrLeaseLost (a Lock whose
 // lease ran out before Redis's answer came back), ErrInvalidName,
 // ErrInvalidOwner, ErrPermission (New, for a Redis user that may not run
-// what the scripts run) or ErrClosed, or the caller's own context error; test them
-// with errors.Is. A Hold's Context ends with ErrReleased, ErrNotOwner,
+// what the scripts run), ErrUnexpectedReply (a script answered what none of
+// its documented outcomes is: a bug) or ErrClosed, or the caller's own
+// context error; test them with errors.Is. A Hold's Context ends with ErrReleased, ErrNotOwner,
 // ErrLeaseLost or ErrClosed. None panics, and a failed call leaves the lock
 // as it was, or as the request's one run in Redis left it.
 package redislock

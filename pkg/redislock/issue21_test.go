@@ -629,7 +629,7 @@ func TestCase12InspectAndForceReleaseClientReportTheCallersDeadline(t *testing.T
 	p.proxy.Delay(300 * time.Millisecond)
 	defer p.proxy.Heal()
 	for what, call := range map[string]func(ctx context.Context) error{
-		"Inspect":      func(ctx context.Context) error { _, err := c.Inspect(ctx, name); return err },
+		"Inspect":            func(ctx context.Context) error { _, err := c.Inspect(ctx, name); return err },
 		"ForceReleaseClient": func(ctx context.Context) error { _, err := c.ForceReleaseClient(ctx, name, "x"); return err },
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

@@ -664,28 +664,3 @@ func TestRetakenAfterForcedRelease(t *testing.T) {
 	}
 	mustUnlock(t, ctx, renewed)
 }
-
-// A context carrying a Hold whose ownership has ended takes the lock anew
-// for the Hold's owner, with a new fencing token, and re-enters nothing.
-func TestWithHoldOfAnEndedHoldTakesTheLockAnew(t *testing.T) {
-	ctx := testContext(t)
-	b, _ := standalone(t)
-	c := newClient(t, b.newRedis(t), redislock.Options{})
-	name := lockName(t)
-	m := newMutex(t, c, name, nil)
-
-	first := mustLock(t, ctx, m)
-	mustUnlock(t, ctx, first)
-	again := mustLock(t, redislock.WithHold(ctx, first), m)
-	if again.Owner() != first.Owner() || again.Token() <= first.Token() {
-		t.Fatalf("Lock with an ended Hold: owner %s token %d, want owner %s and a token above %d",
-			again.Owner(), again.Token(), first.Owner(), first.Token())
-	}
-	if got := inspect(t, c, name).Holders; len(got) != 1 || got[0].Count != 1 {
-		t.Fatalf("holders = %+v, want one level", got)
-	}
-	mustUnlock(t, ctx, again)
-	if inspect(t, c, name).Held() {
-		t.Fatal("the lock is still held after one Unlock per Lock")
-	}
-}

@@ -344,9 +344,10 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue
 		return acquireResult{}, unexpectedReply("acquire", reply)
 	}
 	if res.acquired && acked >= 0 && acked < int64(c.opts.WaitReplicas) {
+		// The call ends here, waiting or not: its level is undone, and
+		// Redis may remember the call as finished.
 		c.undoAcquire(ctx, m, call)
-		return acquireResult{}, fmt.Errorf("%w: only %d of %d replicas acknowledged the lock within %v", ErrUnavailable,
-			acked, c.opts.WaitReplicas, c.opts.WaitReplicasTimeout)
+		return acquireResult{}, &replicaShortfall{acked: acked, want: c.opts.WaitReplicas, within: c.opts.WaitReplicasTimeout}
 	}
 	if res.acquired && ctx.Err() != nil {
 		// The caller gave up while the outcome was being found out.
@@ -355,6 +356,21 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue
 	}
 	return res, nil
 }
+
+// replicaShortfall is the error of a Lock whose acquisition fewer replicas
+// acknowledged than Options.WaitReplicas: ErrUnavailable, and final, since
+// the call gave its level up.
+type replicaShortfall struct {
+	acked  int64
+	want   int
+	within time.Duration
+}
+
+func (e *replicaShortfall) Error() string {
+	return fmt.Sprintf("%v: only %d of %d replicas acknowledged the lock within %v", ErrUnavailable, e.acked, e.want, e.within)
+}
+
+func (e *replicaShortfall) Unwrap() error { return ErrUnavailable }
 
 // take runs take.lua, the uncontended Lock of an owner of its own, if the
 // call is one and Options.WaitReplicas is not set: it takes the lock if it

@@ -380,7 +380,11 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 			}
 			var err error
 			res, err = ws.attempt(ctx, w, m)
+			var shortfall *replicaShortfall
 			switch {
+			case errors.As(err, &shortfall):
+				// The attempt gave its level up: the call is over.
+				return giveUp(err)
 			case errors.Is(err, ErrUnavailable):
 				// A failover or a dropped connection: keep waiting, and try
 				// again after the fallback, until ctx or the wait bound ends.
