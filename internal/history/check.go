@@ -66,7 +66,7 @@ func Explain(ops []porcupine.Operation, v Verdict) string {
 	// The operations not in it that could come next: those called before
 	// the first of them returned. None of them can be explained.
 	var rest []porcupine.Operation
-	first := Never
+	first := never
 	for _, op := range ops {
 		if !done[op.Input.(Input)] {
 			rest = append(rest, op)
@@ -86,7 +86,7 @@ func Explain(ops []porcupine.Operation, v Verdict) string {
 	delete(tokens, 0)
 	// And the whole story of their ownerships.
 	var story []porcupine.Operation
-	lo, hi := Never, int64(0)
+	lo, hi := never, int64(0)
 	for _, op := range ops {
 		in, out := op.Input.(Input), op.Output.(Output)
 		if tokens[in.Token] || tokens[out.Token] {

@@ -22,8 +22,8 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// Never is a time after every operation.
-const Never int64 = math.MaxInt64
+// never is a time after every operation.
+const never int64 = math.MaxInt64
 
 // Kind is what an operation is.
 type Kind uint8

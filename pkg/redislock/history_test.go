@@ -257,7 +257,6 @@ type historyRun struct {
 	adminRDB redis.UniversalClient
 	nextID   atomic.Int64 // the next client index
 	holder   atomic.Int64 // the slot whose worker holds the lock, -1 if none
-	lanes    int
 	faults   []historyFault
 	stop     chan struct{}
 	stopped  atomic.Bool
@@ -330,7 +329,6 @@ func recordHistory(t *testing.T, b *historyBackend, seed uint64, faults []histor
 	strikes := 1 + r.IntN(3)
 	// Lanes of the visualisation: two a worker (its calls, its Holds'
 	// checks), then the Redisson workers, the inspector and the nemesis.
-	run.lanes = 2*workers + redissons + 2
 	run.rec.base = time.Now()
 	for w := range workers {
 		wr := rand.New(rand.NewPCG(seed, uint64(w+1)))
