@@ -38,6 +38,13 @@ INSTALLER ?= dist/install.yaml
 # config/trial-redis to try lockwarden out with a Redis of its own.
 DEPLOY_CONFIG ?= config/default
 SOAK_ACQUISITIONS ?= 1000000
+# make history and make soak: how long the history checker records and
+# checks histories on a standalone Redis (TestHistory; make test: 75s) and on
+# a Cluster whose masters fail over (TestHistoryCluster; make test: 20s), and
+# the seed to start from (empty: a new one, printed).
+HISTORY_DURATION ?= 30m
+HISTORY_CLUSTER_DURATION ?= 10m
+HISTORY_SEED ?=
 # make fault: how long the plane's random fault run injects faults, and the
 # seed to replay (empty: a new one, printed).
 FAULT_DURATION ?= 20m
@@ -101,8 +108,14 @@ test-k8s-oldest: test-deps ## Run the install tests (make's install targets, the
 	  $(GO) test -count=1 -timeout 40m -v ./test/install/
 
 .PHONY: soak
-soak: test-deps ## Run the fault soak longer than `make test` does: SOAK_ACQUISITIONS (default 1,000,000) under random faults.
+soak: test-deps ## Run the fault soak longer than `make test` does: SOAK_ACQUISITIONS (default 1,000,000) under random faults, then the history checker (make history).
 	LOCKWARDEN_SOAK_ACQUISITIONS=$(SOAK_ACQUISITIONS) $(GO) test -race -count=1 -timeout 12h -run '^TestSoak$$' -v ./pkg/redislock/
+	$(MAKE) --no-print-directory history
+
+.PHONY: history
+history: redis ## Run the history checker (lock histories under a seeded nemesis, checked with porcupine) for HISTORY_DURATION (default 30m) on standalone Redis and HISTORY_CLUSTER_DURATION (10m) on a failing-over Cluster, instead of make test's 75s and 20s; HISTORY_SEED replays from a seed it printed.
+	LOCKWARDEN_HISTORY_DURATION=$(HISTORY_DURATION) LOCKWARDEN_HISTORY_CLUSTER_DURATION=$(HISTORY_CLUSTER_DURATION) LOCKWARDEN_HISTORY_SEED=$(HISTORY_SEED) \
+	  $(GO) test -race -count=1 -timeout 12h -run '^TestHistory(Cluster)?$$' -v ./pkg/redislock/
 
 .PHONY: fault
 fault: test-deps ## Run the random fault run on the local control plane (test/e2e TestFaultRun: two manager replicas, leader kills and pauses, Redis and API server faults) for FAULT_DURATION (default 20m) instead of make test's 2m; FAULT_SEED replays a run's choices.
