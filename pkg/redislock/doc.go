@@ -58,9 +58,10 @@
 // Unlock returns nil only if the Hold's ownership was the lock's owner when
 // the release ran, or the same request's first send freed it: the release
 // that frees a lock keeps its hash as lockwarden_lock_freed:{<name>}:<token>
-// for the rest of its lease, where a resend finds its own level; an answer
-// that comes only after the lease's local deadline is ErrLeaseLost, since
-// whether the release freed the lock can no longer be told. Anything else that
+// for the rest of its lease, where a resend finds its own level; a resend
+// that finds neither (Redis lost its data meanwhile, or the lease ran out
+// since) returns ErrLeaseLost, since whether the release freed the lock can
+// no longer be told. Anything else that
 // finds the ownership gone (another client's ForceReleaseClient, a Redis
 // that lost the lock, a lease that ran out) is ErrNotHeld or ErrNotOwner,
 // and the Hold's Context ends with a lost lease, not ErrReleased. A Hold's

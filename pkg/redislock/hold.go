@@ -78,9 +78,9 @@ func (h *Hold) Err() error { return h.own.err() }
 // the lock (see freed_by in scripts/lib.lua), and Unlock then reports
 // success, whoever holds the lock since. Anything else that finds the
 // ownership gone (another client's ForceReleaseClient, a Redis that lost
-// the lock, a lease that ran out) is an error; one whose answer came only
-// after the lease's local deadline is ErrLeaseLost, since Redis no longer
-// keeps what would tell.
+// the lock, a lease that ran out) is an error: ErrNotHeld or ErrNotOwner if
+// the request was sent once, and ErrLeaseLost if it was sent again, since
+// Redis may then have lost what would tell whether the first send freed it.
 func (h *Hold) Unlock(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -139,7 +139,6 @@ func (h *Hold) Unlock(ctx context.Context) error {
 		remaining, resent, err = c.release(ctx, o, h.ticketArg, remember)
 		late = late || resent
 	}
-	answered := time.Now()
 
 	c.mu.Lock()
 	if last {
@@ -166,7 +165,7 @@ func (h *Hold) Unlock(ctx context.Context) error {
 		return err
 	}
 	h.unlocked = true
-	result, cause := released(remaining, late && !answered.Before(o.deadline))
+	result, cause := released(remaining, late)
 	if retry {
 		h.failed = false
 		o.dropPending(h)
@@ -189,20 +188,20 @@ func (h *Hold) Unlock(ctx context.Context) error {
 // and to why the ownership ends if that was its last level here: a count
 // of 0 or more, the release ran (this send or the first); -1, nobody holds
 // the lock and this release freed nothing: the ownership was lost; -2 or
-// -3, another ownership holds it. Redis keeps what a freeing release left
-// for as long as the ownership's lease could have run (see freed_key in
-// scripts/lib.lua), so a negative answer is sure only if it came before
-// the ownership's local deadline, or if no copy of the request may have run
-// before the one that answered (overdue false); otherwise, whether this
+// -3, another ownership holds it. A negative answer is sure only if no copy
+// of the request may have run before the one that answered (resent false):
+// a copy that freed the lock leaves the ownership's hash for the resend to
+// find (see freed_key in scripts/lib.lua), but a Redis that lost its data
+// meanwhile, or a lease that ran out since, leaves nothing. Then whether the
 // Unlock freed the lock is unknown, and the result is ErrLeaseLost.
-func released(remaining int64, overdue bool) (result, cause error) {
+func released(remaining int64, resent bool) (result, cause error) {
 	switch {
 	case remaining >= 0:
 		return nil, ErrReleased
 	case remaining < -3:
 		return unexpectedReply("release", remaining), ErrNotOwner
-	case overdue:
-		return fmt.Errorf("%w: the answer came after the lease's local deadline, so whether this Unlock freed the lock is unknown", ErrLeaseLost), ErrLeaseLost
+	case resent:
+		return fmt.Errorf("%w: the release was sent more than once and Redis no longer has the ownership, so whether this Unlock freed the lock is unknown", ErrLeaseLost), ErrLeaseLost
 	case remaining == -1:
 		return ErrNotHeld, ErrLeaseLost
 	default:

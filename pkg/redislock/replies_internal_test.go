@@ -10,7 +10,7 @@ import (
 func TestReleaseRepliesMapToTypedErrors(t *testing.T) {
 	for _, tc := range []struct {
 		reply         int64
-		overdue       bool
+		resent        bool
 		result, cause error
 	}{
 		{2, false, nil, ErrReleased},
@@ -19,14 +19,15 @@ func TestReleaseRepliesMapToTypedErrors(t *testing.T) {
 		{-1, false, ErrNotHeld, ErrLeaseLost},
 		{-2, false, ErrNotOwner, ErrNotOwner},
 		{-3, false, ErrNotOwner, ErrNotOwner},
-		// Past the deadline, what the release left may be gone: unknown.
+		// Sent twice, and the ownership gone: the first send may have
+		// freed it, and what it left been lost since.
 		{-1, true, ErrLeaseLost, ErrLeaseLost},
 		{-2, true, ErrLeaseLost, ErrLeaseLost},
 		{-9, false, ErrUnexpectedReply, ErrNotOwner},
 	} {
-		result, cause := released(tc.reply, tc.overdue)
+		result, cause := released(tc.reply, tc.resent)
 		if !errors.Is(result, tc.result) || tc.result == nil && result != nil || !errors.Is(cause, tc.cause) {
-			t.Errorf("released(%d, overdue %v) = %v, %v; want %v, %v", tc.reply, tc.overdue, result, cause, tc.result, tc.cause)
+			t.Errorf("released(%d, resent %v) = %v, %v; want %v, %v", tc.reply, tc.resent, result, cause, tc.result, tc.cause)
 		}
 	}
 }
