@@ -26,8 +26,8 @@ type toldPods struct{ m sync.Map } // string -> map[types.UID]string
 // granted the key (once the grant is recorded), and the pod which locks it
 // still waits for before it can start.
 func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token int64) {
-	r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, token)
-	for _, l := range s.locksIn(pod.Namespace) {
+	r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.Key, pod.Name, token)
+	for _, l := range s.LocksIn(pod.Namespace) {
 		r.Metrics.transition(l, "acquired")
 	}
 	var others []string
@@ -37,7 +37,7 @@ func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token
 			others = append(others, name)
 		}
 	}
-	msg := fmt.Sprintf("Granted %s with fencing token %d", s.key, token)
+	msg := fmt.Sprintf("Granted %s with fencing token %d", s.Key, token)
 	if len(others) > 0 {
 		msg += fmt.Sprintf("; it holds it while it waits for lock %s before it can start", strings.Join(others, ", "))
 	}
@@ -47,7 +47,7 @@ func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token
 // gatesFor reports whether the named lock of the pod's namespace is one of
 // the scope's live locks.
 func (s *scope) gatesFor(pod *corev1.Pod, lock string) bool {
-	for _, l := range s.locksIn(pod.Namespace) {
+	for _, l := range s.LocksIn(pod.Namespace) {
 		if l.Name == lock {
 			return true
 		}
@@ -59,25 +59,33 @@ func (s *scope) gatesFor(pod *corev1.Pod, lock string) bool {
 // order, and each blocked one what holds it back: another lock it takes
 // first, or another controller's gate.
 func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, waiting []*corev1.Pod, blocked map[*corev1.Pod]string) {
-	before, _ := r.told.m.Load(s.key)
+	before, _ := r.told.m.Load(s.Key)
 	told, _ := before.(map[types.UID]string)
 	now := map[types.UID]string{}
 	// Places count only the pod's own namespace's waiting pods: another
 	// namespace's are none of its business.
 	guarded, place := map[string]int{}, map[string]int{}
 	for _, p := range waiting {
-		if s.gatedByAny(p) {
+		if s.GatedByAny(p) {
 			guarded[p.Namespace]++
 		}
 	}
 	for _, p := range waiting {
-		if !s.gatedByAny(p) {
+		if !s.GatedByAny(p) {
+			continue
+		}
+		if s.notALock {
+			// Nothing is granted: the pod has no place in a line.
+			now[p.UID] = keyInUse.reason
+			if told[p.UID] != keyInUse.reason {
+				r.Recorder.Eventf(p, corev1.EventTypeWarning, keyInUse.reason, "Waiting for %s: %s", s.Key, keyInUse.message)
+			}
 			continue
 		}
 		place[p.Namespace]++
 		now[p.UID] = "queued"
 		if told[p.UID] != "queued" {
-			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Queued", "Waiting for %s: place %d of %d", s.key, place[p.Namespace], guarded[p.Namespace])
+			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Queued", "Waiting for %s: place %d of %d", s.Key, place[p.Namespace], guarded[p.Namespace])
 		}
 	}
 	for p, why := range blocked {
@@ -86,12 +94,12 @@ func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, w
 		}
 		now[p.UID] = why
 		if told[p.UID] != why {
-			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Waiting", "Waiting for %s: %s", s.key, why)
+			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Waiting", "Waiting for %s: %s", s.Key, why)
 		}
 	}
 	if len(now) > 0 {
-		r.told.m.Store(s.key, now)
+		r.told.m.Store(s.Key, now)
 	} else if told != nil {
-		r.told.m.Delete(s.key)
+		r.told.m.Delete(s.Key)
 	}
 }

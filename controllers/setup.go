@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // keyIndex indexes DistributedLocks by the key they name, after defaulting,
@@ -138,7 +139,7 @@ func (r *DistributedLockReconciler) keysBesideLock(ctx context.Context, obj clie
 	}
 	var keys keyRequests
 	for i := range pods.Items {
-		if p := &pods.Items[i]; hasGate(p, locksv1.GateFor(obj.GetName())) {
+		if p := &pods.Items[i]; decide.HasGate(p, locksv1.GateFor(obj.GetName())) {
 			keys.addNamed(ctx, r, p.Namespace, locksOn(p))
 		}
 	}
