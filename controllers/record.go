@@ -86,7 +86,14 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 		case apierrors.IsInvalid(err) && lifting:
 			return r.tokenBehind(ctx, s, pod)
 		case err != nil && lifting:
-			return r.giveBack(ctx, s, pod, s.taken, err)
+			// A pod whose gate was lifted already, as the API server shows,
+			// holds a recorded grant (no gate is lifted before its record):
+			// the take is kept for it, as a re-take's is. Decided on a view
+			// in which it was still gated, the take is otherwise given back.
+			if ungated, readErr := r.ungatedPastCache(ctx, s, pod); readErr != nil || !ungated {
+				return r.giveBack(ctx, s, pod, s.taken, errors.Join(err, readErr))
+			}
+			return err
 		case err != nil:
 			// A take no gate is lifted with (a re-take for a grantee that
 			// may run, a grant to a pod without a gate) keeps its hold, and
@@ -212,4 +219,23 @@ func (r *DistributedLockReconciler) giveBack(ctx context.Context, s *scope, pod 
 	r.grants.drop(s.Key, pod.UID)
 	s.Holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
 	return why
+}
+
+// ungatedPastCache reports whether the API server shows the pod without the
+// gates that the grant would lift (those of the key's live locks that the
+// scope saw it carry).
+func (r *DistributedLockReconciler) ungatedPastCache(ctx context.Context, s *scope, pod *corev1.Pod) (bool, error) {
+	now := &corev1.Pod{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pod), now); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if now.UID != pod.UID {
+		return false, nil
+	}
+	for _, l := range s.LocksIn(pod.Namespace) {
+		if s.LiftsGate(l, pod) && decide.HasGate(now, locksv1.GateFor(l.Name)) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
