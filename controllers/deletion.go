@@ -94,9 +94,10 @@ func (r *DistributedLockReconciler) letGo(ctx context.Context, s *scope, d *lock
 }
 
 // releaseGrantsOf releases, for a lock being deleted, the grants of its key
-// to pods of its namespace that no live lock there selects, gates or marks
-// (deleting a lock is deleting its promise: a leader elected through it
-// stops being one), and removes the lock's marks. A grant whose gate any
+// to pods of its namespace that no live lock there selects, gates or marks,
+// and that no other lock of the key, live or refused, records (deleting a
+// lock is deleting its promise: a leader elected through it stops being
+// one), and removes the lock's marks. A grant whose gate any
 // lock of the key lifted is never released here while its pod runs: the
 // lock that lifted it waits for it, whether it is live, refused or being
 // deleted too. In-pod clients' holds are
@@ -108,7 +109,7 @@ func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scop
 		name := ""
 		switch gone, isGone := s.gone[h.PodUID]; {
 		case !h.ByController():
-		case h.Pod != nil && !decide.Stopped(h.Pod) && s.LiftedFor(h.Pod):
+		case h.Pod != nil && !decide.Stopped(h.Pod) && (s.LiftedFor(h.Pod) || s.RecordedByAnother(h.Pod, d)):
 		case h.Pod != nil && h.Pod.Namespace == d.Namespace && !s.Claimed(h.Pod):
 			name = h.Pod.Name
 		case h.Pod == nil && isGone && gone.Namespace == d.Namespace:

@@ -1,17 +1,22 @@
 // Package controllers holds the DistributedLock controller.
 //
-// The reconciler is shaped like cluster-api's: each reconcile builds a scope
-// once (scope.go: the locks naming one Redis key, live, refused or being
-// deleted, their candidate pods, the holders as Redis and the pods show
-// them, and the grant the locks' statuses record, grantee.go), runs named
-// phases over it (release.go: release stopped holders; sticky.go: keep
-// grants; grant.go: grant the next candidate; record.go: check and record
-// the grant; marks.go: the pods' marks and gates; deletion.go: let deleted
-// locks go; startup.go: watch the holder start), and computes the status
-// from the scope at the end (status.go, explain.go). The unit of work is
-// the key, not the resource: every lock naming a key agrees on one holder
-// and one waiting order, so one reconcile settles them all. Pods whose gate
-// no lock can lift are told so by the gate checker (gates.go).
+// One reconcile settles one Redis key for every lock naming it. It reads
+// (scope.go: the locks naming the key, live, refused or being deleted,
+// their candidate pods, the holders Redis shows, this process's memory of
+// its grant), and package decide resolves from that read who holds the key:
+// the grantee and where that comes from (a lock's status.grant, Redis, or
+// memory), whether its hold is kept, taken again or in conflict, whom it
+// blocks and which gates it lifts. Nothing else decides who holds a key.
+// The phases then act on that answer, in order (release.go: release
+// stopped holders and forget ended grants; sticky.go: keep the grant;
+// grant.go: grant the next candidate; record.go: check past the cache and
+// record the grant; marks.go: the pods' marks and gates, a gate lifted only
+// once its lock records the lift; deletion.go: let deleted locks go;
+// startup.go: watch the holder start), and the statuses are computed on
+// every exit (status.go, explain.go, failure.go: a failed write is a reason
+// on the status and a Warning Event, never a status left unwritten) and
+// written last, each preconditioned on the lock's resourceVersion. Pods
+// whose gate no lock can lift are told so by the gate checker (gates.go).
 package controllers
 
 import (
@@ -74,6 +79,9 @@ type DistributedLockReconciler struct {
 	// unwatchedWarned are, by key, the running pods outside the pod cache
 	// that a HolderNotWatched Event was sent for (pollUnwatched).
 	unwatchedWarned sync.Map // string -> map[types.UID]bool
+	// unguardedWarned are, by key, the pods told that they name a lock of
+	// the key but carry no gate of it (tellUnguarded).
+	unguardedWarned sync.Map // string -> map[types.UID]bool
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.dev,resources=distributedlocks,verbs=get;list;watch;patch

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // No pod waits unexplained: a pod behind a lockwarden gate is told, in
@@ -33,7 +34,7 @@ func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token
 	var others []string
 	for _, g := range pod.Spec.SchedulingGates {
 		name, ours := strings.CutPrefix(g.Name, locksv1.GatePrefix)
-		if ours && !s.gatesFor(pod, name) {
+		if ours && s.lockNamed(pod.Namespace, name) == nil {
 			others = append(others, name)
 		}
 	}
@@ -42,17 +43,6 @@ func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token
 		msg += fmt.Sprintf("; it holds it while it waits for lock %s before it can start", strings.Join(others, ", "))
 	}
 	r.Recorder.Event(pod, corev1.EventTypeNormal, "Granted", msg)
-}
-
-// gatesFor reports whether the named lock of the pod's namespace is one of
-// the scope's live locks.
-func (s *scope) gatesFor(pod *corev1.Pod, lock string) bool {
-	for _, l := range s.LocksIn(pod.Namespace) {
-		if l.Name == lock {
-			return true
-		}
-	}
-	return false
 }
 
 // tellWaiting tells each guarded pod waiting for the key its place in the
@@ -102,4 +92,51 @@ func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, w
 	} else if told != nil {
 		r.told.m.Delete(s.Key)
 	}
+}
+
+// tellUnguarded warns, once, about each pod that names a lock of the key in
+// mode Grant (its label lockwarden.dev/lock or annotation
+// lockwarden.dev/locks) but carries no gate of it and no lock records
+// lifting one from it: the gating policy did not gate it at its creation
+// (not installed yet, or a cluster without MutatingAdmissionPolicy), so it
+// is an unguarded candidate that may run without holding the lock. A
+// Warning Event goes to the pod and to the lock.
+func (r *DistributedLockReconciler) tellUnguarded(s *scope) {
+	before, _ := r.unguardedWarned.Load(s.Key)
+	warned, _ := before.(map[types.UID]bool)
+	now := map[types.UID]bool{}
+	for _, p := range s.pods {
+		if !s.MayUse[p.Namespace] || decide.Stopped(p) || s.LiftedFor(p) {
+			continue
+		}
+		for _, name := range locksv1.NamedLocks(p.Labels, p.Annotations) {
+			l := s.lockNamed(p.Namespace, name)
+			if l == nil || !decide.GrantsFor(l) || decide.HasGate(p, locksv1.GateFor(name)) {
+				continue
+			}
+			now[p.UID] = true
+			if !warned[p.UID] {
+				msg := fmt.Sprintf("Pod %s names lock %s but carries no gate of it: the gating admission policy did not gate it when it was created (not installed yet, or a cluster without MutatingAdmissionPolicy), so it may run without holding the lock; recreate it once the policy is active", p.Name, name)
+				r.Recorder.Event(p, corev1.EventTypeWarning, "NotGuarded", msg)
+				r.Recorder.Event(l, corev1.EventTypeWarning, "NotGuarded", msg)
+			}
+			break
+		}
+	}
+	if len(now) > 0 {
+		r.unguardedWarned.Store(s.Key, now)
+	} else if warned != nil {
+		r.unguardedWarned.Delete(s.Key)
+	}
+}
+
+// lockNamed is the live lock of the key with the name in the namespace, or
+// nil.
+func (s *scope) lockNamed(namespace, name string) *locksv1.DistributedLock {
+	for _, l := range s.LocksIn(namespace) {
+		if l.Name == name {
+			return l
+		}
+	}
+	return nil
 }

@@ -118,8 +118,9 @@ func TestAnotherLocksStartPolicyDoesNotEvictTheHolder(t *testing.T) {
 		l.Spec.DeleteUnstarted = true
 		l.Spec.StartTimeout = &metav1.Duration{Duration: time.Second}
 	})
-	pod := createPod(t, ns, "w1", "web", gatedBy("a"), boundPod)
+	pod := createPod(t, ns, "w1", "web", gatedBy("a"))
 	eventually(t, "w1 to be ungated", func() bool { return !gatedWith(getPod(t, pod), gateFor("a")) })
+	bind(t, pod)
 	time.Sleep(3 * time.Second) // a2's timeout, thrice
 	settle()
 	if p := getPod(t, pod); !p.DeletionTimestamp.IsZero() || eventOn(t, ns, "DistributedLock", "a2", "Evicted") {

@@ -93,8 +93,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// controller-runtime's priority queue (v0.24.1) can deadlock on
 		// stop: a worker that left on shutdown still counts as waiting, so
 		// the queue blocks handing it an item while holding the lock the
-		// other workers' Done needs, and the manager never stops (seen in
-		// TestUnsharingAKeyKeepsARunningGrant's goroutine dump). The plain
+		// other workers' Done needs, and the manager never stops. The plain
 		// workqueue has no such state.
 		WithOptions(controller.TypedOptions[KeyRequest]{
 			MaxConcurrentReconciles: workers, UsePriorityQueue: ptr.To(false), RateLimiter: newAPIBackoff(),

@@ -27,6 +27,7 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 	waiting, blocked := r.waiting(ctx, s)
 	r.tellWaiting(ctx, s, waiting, blocked)
 	r.tellFailure(s)
+	r.tellUnguarded(s)
 	queued := s.queued()
 	for _, l := range s.Locks {
 		st := &l.Status

@@ -43,8 +43,12 @@ import (
 // CrashLoopBackOff, the phase Running), is restarted, the pod completes; a
 // pod is deleted (its kubelet learns of it a step later or more, and
 // restarts containers until then; then it stops the pod and the object
-// goes); Redis loses the key; lock X lifts its gate; each replica's cache
-// catches up with the API server.
+// goes); Redis loses the key; lock X lifts its gate; lock B is created
+// (after the replicas' caches were filled: the check past the cache reads
+// only the locks a replica's cache knows), and deleted and created again
+// once its finalizer lets it go (its status starts empty); each replica's
+// cache catches up with the API server, in the order the API server wrote
+// (a cache is a consistent prefix of one watch).
 //
 // The oracle is the world's own kubelet, never the controller's code. It
 // fails when two guarded pods of the key run at once (a pod runs from the
@@ -55,13 +59,7 @@ import (
 //
 // LOCKWARDEN_MODELCHECK_DEPTH sets the depth (default modelDepth).
 func TestModelCheck(t *testing.T) {
-	depth := modelDepth
-	if v := os.Getenv("LOCKWARDEN_MODELCHECK_DEPTH"); v != "" {
-		var err error
-		if depth, err = strconv.Atoi(v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	depth := depthOf(t, modelDepth)
 	start := time.Now()
 	c := &checker{depthOf: map[mState]int8{}, depth: depth}
 	c.run(initialState())
@@ -74,9 +72,54 @@ func TestModelCheck(t *testing.T) {
 	}
 }
 
-// modelDepth is the depth make test explores (about 320,000 states: half a
+// TestModelCheckALockNotYetCached settles a suspicion: the check past the
+// cache reads again only the locks the replica's cache knows, so a lock not
+// yet cached, a Redis loss and a failover together might let two grants
+// out. It explores every interleaving from the moment it would happen: r0
+// granted the key to p2 through lock B, recorded it and lifted p2's gate,
+// p2 runs, Redis lost the key, and r1's cache still shows the world before
+// B was created. Every record is preconditioned on the resourceVersion its
+// replica read, and each grant records its token on every lock it knows,
+// so a replica whose cache lacks B has read A before r0's record on A and
+// has its own record refused; the exploration finds no two running pods.
+func TestModelCheckALockNotYetCached(t *testing.T) {
+	s := initialState()
+	before := s.api // r1's cache: B not created yet
+	s.api.locks[1] = mLock{exists: true, rv: 3, grant: mGrant{pod: 2, token: 1, lifted: true}, highest: 1}
+	s.api.locks[0].highest, s.api.locks[0].rv = 1, 2
+	s.api.pods[2].gate, s.api.pods[2].kubelet, s.api.pods[2].rv = false, kRunning, 3
+	s.redis = mRedis{holder: none, counter: 1}
+	s.reps[0].cache, s.reps[1].cache = s.api, before
+	s.faults = 1
+	c := &checker{depthOf: map[mState]int8{}, depth: depthOf(t, notYetCachedDepth)}
+	c.run(s)
+	t.Logf("depth %d: %d states explored, %d transitions", c.depth, len(c.depthOf), c.transitions)
+	if c.failure != "" {
+		t.Fatalf("after %d steps: %s\n%s", len(c.trace), c.failure, strings.Join(c.trace, "\n"))
+	}
+}
+
+// depthOf is LOCKWARDEN_MODELCHECK_DEPTH, or def.
+func depthOf(t *testing.T, def int) int {
+	v := os.Getenv("LOCKWARDEN_MODELCHECK_DEPTH")
+	if v == "" {
+		return def
+	}
+	d, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// notYetCachedDepth is the depth make test explores from a lock not yet
+// cached: every record and lift either replica can attempt takes fewer
+// steps (1,640,968 states at 11).
+const notYetCachedDepth = 8
+
+// modelDepth is the depth make test explores (about 350,000 states, under a
 // minute on two loaded cores); make model-check goes deeper.
-const modelDepth = 12
+const modelDepth = 11
 
 const (
 	nPods     = 3
@@ -123,6 +166,7 @@ type mGrant struct {
 }
 
 type mLock struct {
+	exists  bool
 	rv      int8
 	grant   mGrant
 	highest int8
@@ -183,6 +227,7 @@ func initialState() mState {
 	for i := range s.api.locks {
 		s.api.locks[i] = mLock{rv: 1, grant: mGrant{pod: none}}
 	}
+	s.api.locks[0].exists = true // B is created by a step
 	s.redis = mRedis{holder: none}
 	for i := range s.reps {
 		s.reps[i] = mReplica{cache: s.api, pc: pcIdle, target: none, memory: none}
@@ -310,6 +355,28 @@ func steps(s mState) []step {
 		return s, "Redis loses the key", ""
 	})
 	out = append(out, func(s mState) (mState, string, string) {
+		b := &s.api.locks[1]
+		if b.exists {
+			return s, "", ""
+		}
+		b.exists, b.rv = true, b.rv+1
+		return s, "lock B is created", ""
+	})
+	out = append(out, func(s mState) (mState, string, string) {
+		// A lock's finalizer keeps it while the pod whose gate it lifted
+		// runs; deleted and created again, it starts with an empty status.
+		b := &s.api.locks[1]
+		if s.faults == 0 || !b.exists {
+			return s, "", ""
+		}
+		if g := b.grant; g.pod != none && g.lifted && !s.api.pods[g.pod].gone && s.api.pods[g.pod].kubelet != kDone {
+			return s, "", ""
+		}
+		s.faults--
+		*b = mLock{exists: true, rv: b.rv + 1, grant: mGrant{pod: none}}
+		return s, "lock B is deleted and created again", ""
+	})
+	out = append(out, func(s mState) (mState, string, string) {
 		pod := &s.api.pods[1]
 		if !pod.gateX || pod.gone {
 			return s, "", ""
@@ -418,6 +485,9 @@ func replicaStep(s mState, r int) (mState, string, string) {
 	case pcCheck:
 		// confirmNoOtherGrant: the locks past the cache.
 		for l, lk := range s.api.locks {
+			if !rep.view.locks[l].exists || !lk.exists {
+				continue // only the locks this reconcile read are read again
+			}
 			if lk.highest > rep.token {
 				return giveBack(s, r, fmt.Sprintf("%s finds token %d recorded on %s, above its %d", name, lk.highest, lockNm[l], rep.token))
 			}
@@ -442,6 +512,9 @@ func replicaStep(s mState, r int) (mState, string, string) {
 			rep.pc = pcLift
 		}
 		view := &rep.view.locks[l]
+		if !view.exists {
+			return s, fmt.Sprintf("%s does not know lock %s", name, lockNm[l]), ""
+		}
 		want := *view
 		want.highest = max(want.highest, rep.token)
 		if rep.target != none && podNS[rep.target] == lockNS[l] {
@@ -598,10 +671,13 @@ func viewOf(api mAPI, redis mRedis, memory int8) *View {
 	v := &View{Key: "k", MayUse: map[string]bool{"a": true, "b": true}, ByUID: map[types.UID]*corev1.Pod{},
 		Selects: func(l *locksv1.DistributedLock, p *corev1.Pod) bool { return p.Labels[locksv1.LockLabel] == l.Name }}
 	for l := range api.locks {
-		v.Locks = append(v.Locks, lockObject(api.locks[l], l))
+		if api.locks[l].exists {
+			v.Locks = append(v.Locks, lockObject(api.locks[l], l))
+		}
 	}
+	// The scope holds the pods of the namespaces of the locks it read.
 	for p := range api.pods {
-		if api.pods[p].gone {
+		if api.pods[p].gone || !api.locks[podLock[p]].exists {
 			continue
 		}
 		obj := podObject(api.pods[p], p)

@@ -259,6 +259,18 @@ func (v *View) Claimed(pod *corev1.Pod) bool {
 	return false
 }
 
+// RecordedByAnother reports whether a lock of the key other than except,
+// live or refused (not being deleted), records the pod's grant: deleting
+// except does not end a grant another lock still records.
+func (v *View) RecordedByAnother(pod *corev1.Pod, except *locksv1.DistributedLock) bool {
+	for _, l := range append(slices.Clip(v.Locks), v.Revoked...) {
+		if st := l.Status.Grant; l != except && st != nil && st.PodUID == string(pod.UID) && l.Namespace == pod.Namespace {
+			return true
+		}
+	}
+	return false
+}
+
 // WaitsFor is the pod the deleting lock's status records it lifted its gate
 // from, if that pod has not stopped: the lock keeps its grant until then.
 func (v *View) WaitsFor(d *locksv1.DistributedLock) *corev1.Pod {

@@ -205,6 +205,30 @@ func TestResolve(t *testing.T) {
 	}
 }
 
+func TestRecordedByAnother(t *testing.T) {
+	b1 := lock("b", "b1", records("q1", 3, false), deleting)
+	b2 := lock("b", "b2", records("q1", 3, false))
+	q1 := pod("b", "q1")
+	for _, tc := range []struct {
+		name   string
+		locks  []*locksv1.DistributedLock
+		mayUse map[string]bool
+		want   bool
+	}{
+		{"a refused lock records it", []*locksv1.DistributedLock{b1, b2}, map[string]bool{"b": false}, true},
+		{"a live lock records it", []*locksv1.DistributedLock{b1, b2}, both, true},
+		{"only the deleting lock records it", []*locksv1.DistributedLock{b1}, both, false},
+		{"another namespace's lock records a pod of that name", []*locksv1.DistributedLock{b1, lock("a", "l", records("q1", 3, false))}, both, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := view(tc.locks, tc.mayUse, []*corev1.Pod{q1}, nil, "")
+			if got := v.RecordedByAnother(q1, b1); got != tc.want {
+				t.Fatalf("RecordedByAnother = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 func podNames(pods []*corev1.Pod) []string {
 	var out []string
 	for _, p := range pods {
