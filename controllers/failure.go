@@ -20,9 +20,6 @@ type failure struct {
 	// pod is the pod whose update the API server refused, shown by name
 	// only to the locks of its namespace and told with an Event.
 	pod *corev1.Pod
-	// warn is set for a failure worth a Warning Event: not a write that
-	// lost a race with another writer, which is ordinary and retried.
-	warn bool
 }
 
 // podUpdateError is the API server's refusal of the manager's update of a
@@ -42,19 +39,21 @@ func (e *podUpdateError) Unwrap() error { return e.err }
 // is not a lock.
 var keyInUse = condition{"KeyInUse", "the Redis key holds data that is not a lock, so nothing is granted; choose another spec.key"}
 
-// failureOf is how the locks show that the phase failed with err.
+// failureOf is how the locks show that the phase failed with err, or nil
+// for a write that lost a race with another writer (an object changed
+// since it was read): that is ordinary, retried at once, and the status
+// computed from the read is shown as it is.
 func failureOf(phase string, err error) *failure {
 	var refused *podUpdateError
 	switch {
 	case apierrors.IsConflict(err):
-		return &failure{reason: "Retrying", message: fmt.Sprintf(
-			"%s: an object changed since it was read; the key is looked at again", phase)}
+		return nil
 	case errors.As(err, &refused):
-		return &failure{reason: "PodUpdateRefused", pod: refused.pod, warn: true, message: fmt.Sprintf(
+		return &failure{reason: "PodUpdateRefused", pod: refused.pod, message: fmt.Sprintf(
 			"the API server refused the manager's update of pod %s, which holds the key: its marks are not written and its gate is not lifted until it accepts one (%s); another admission webhook or policy may refuse the manager's writes",
 			refused.pod.Name, apierrors.ReasonForError(refused.err))}
 	}
-	return &failure{reason: "ReconcileFailed", warn: true, message: fmt.Sprintf(
+	return &failure{reason: "ReconcileFailed", message: fmt.Sprintf(
 		"%s failed; it is retried, and the manager's log has the error", phase)}
 }
 
@@ -72,7 +71,7 @@ func (f *failure) messageFor(namespace string) string {
 // concerns when one of its namespace's locks is told.
 func (r *DistributedLockReconciler) tellFailure(s *scope) {
 	f := s.failed
-	if f == nil || !f.warn {
+	if f == nil {
 		return
 	}
 	toldPod := false
