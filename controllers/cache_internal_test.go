@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 func TestIgnoreOwnMarks(t *testing.T) {
@@ -181,11 +182,11 @@ func TestStripPodKeepsWhatIsRead(t *testing.T) {
 		if again, _ := stripPod(s); again != s {
 			t.Errorf("%s: stripping a stripped pod copied it again", name)
 		}
-		if stopped(s) != stopped(pod) || started(s) != started(pod) || whyNotStarted(s) != whyNotStarted(pod) ||
-			!stopTime(s).Equal(stopTime(pod)) || !markedAt(s, "l").Equal(markedAt(pod, "l")) || !lastMarked(s).Equal(lastMarked(pod)) ||
-			restarting(s) != restarting(pod) || !markedBy(s, "l") || !carriesMarks(s, "l") {
+		if decide.Stopped(s) != decide.Stopped(pod) || decide.Started(s) != decide.Started(pod) || decide.WhyNotStarted(s) != decide.WhyNotStarted(pod) ||
+			!decide.StopTime(s).Equal(decide.StopTime(pod)) || !decide.MarkedAt(s, "l").Equal(decide.MarkedAt(pod, "l")) || !decide.LastMarked(s).Equal(decide.LastMarked(pod)) ||
+			decide.Restarting(s) != decide.Restarting(pod) || !decide.MarkedBy(s, "l") || !carriesMarks(s, "l") {
 			t.Errorf("%s: the stripped pod reads differently: stopped %v/%v, started %v/%v, why %q/%q, stop time %v/%v, restarting %q/%q",
-				name, stopped(s), stopped(pod), started(s), started(pod), whyNotStarted(s), whyNotStarted(pod), stopTime(s), stopTime(pod), restarting(s), restarting(pod))
+				name, decide.Stopped(s), decide.Stopped(pod), decide.Started(s), decide.Started(pod), decide.WhyNotStarted(s), decide.WhyNotStarted(pod), decide.StopTime(s), decide.StopTime(pod), decide.Restarting(s), decide.Restarting(pod))
 		}
 		if len(s.Annotations) != 3 || s.Spec.Containers[0].Image != "" || len(s.Status.Conditions) > 2 || s.Status.Conditions[0].Message != "" || s.Labels["app"] != "x" {
 			t.Errorf("%s: kept annotations %v, containers %v, conditions %+v, labels %v",

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // finalizeDeleted lets each lock being deleted go once its promise is kept.
@@ -24,8 +25,8 @@ import (
 // the grants it leaves nobody to claim, removes its marks and lets go.
 func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scope) error {
 	var errs []error
-	for _, d := range s.deleting {
-		if p := s.waitsFor(d); p != nil {
+	for _, d := range s.Deleting {
+		if p := s.WaitsFor(d); p != nil {
 			// Its failure (a conflict with this reconcile's own patch of the
 			// pod, a view found stale) leaves the statuses to be written, and
 			// the lift to be tried again.
@@ -34,7 +35,7 @@ func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scop
 				s.requeue(time.Second)
 			}
 			setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, "WaitingForHolder", fmt.Sprintf(
-				"being deleted: pod %s, whose gate this lock lifted, keeps %s until it stops, and the lock goes then; to end its run now, delete the pod", p.Name, s.key))
+				"being deleted: pod %s, whose gate this lock lifted, keeps %s until it stops, and the lock goes then; to end its run now, delete the pod", p.Name, s.Key))
 			continue
 		}
 		if err := r.releaseGrantsOf(ctx, s, d); err != nil {
@@ -57,8 +58,8 @@ func (r *DistributedLockReconciler) finalizeDeleted(ctx context.Context, s *scop
 // accord, but this lift is the recorded grant's: left undone, the pod could
 // never start, and the lock, which waits for it to stop, never go.
 func (r *DistributedLockReconciler) finishLift(ctx context.Context, s *scope, d *locksv1.DistributedLock, pod *corev1.Pod) error {
-	h, held := s.heldBy(pod.UID)
-	if !hasGate(pod, locksv1.GateFor(d.Name)) || !held || !h.byController() {
+	h, held := s.HeldBy(pod.UID)
+	if !decide.HasGate(pod, locksv1.GateFor(d.Name)) || !held || !h.ByController() {
 		return nil // lifted already; or the key is taken back for the pod first (keepGrants)
 	}
 	switch behind, err := r.confirmNoOtherGrant(ctx, s, pod); {
@@ -71,12 +72,12 @@ func (r *DistributedLockReconciler) finishLift(ctx context.Context, s *scope, d 
 		return err
 	}
 	want := pod.DeepCopy()
-	setMarks(want, d.Name, string(h.owner), s.info.Token)
+	setMarks(want, d.Name, string(h.Owner), s.info.Token)
 	liftGate(want, d.Name)
 	if err := r.patchPod(ctx, pod, want); err != nil {
 		return err
 	}
-	log.FromContext(ctx).Info("finished the gate lift a deleting lock recorded", "key", s.key, "lock", d.Name, "pod", pod.Name, "token", s.info.Token)
+	log.FromContext(ctx).Info("finished the gate lift a deleting lock recorded", "key", s.Key, "lock", d.Name, "pod", pod.Name, "token", s.info.Token)
 	return nil
 }
 
@@ -92,35 +93,11 @@ func (r *DistributedLockReconciler) letGo(ctx context.Context, s *scope, d *lock
 	return nil
 }
 
-// claimed reports whether a live lock of the pod's namespace selects the
-// pod, gates it or marks it: a grant of the key to such a pod outlives the
-// deletion of another lock that made it.
-func (s *scope) claimed(pod *corev1.Pod) bool {
-	for _, l := range s.locksIn(pod.Namespace) {
-		if selects(l, pod) || hasGate(pod, locksv1.GateFor(l.Name)) || markedBy(pod, l.Name) {
-			return true
-		}
-	}
-	return false
-}
-
-// waitsFor is the pod the deleting lock's status records it lifted its gate
-// from, if that pod has not stopped: the lock keeps its grant until then.
-func (s *scope) waitsFor(d *locksv1.DistributedLock) *corev1.Pod {
-	st := d.Status.Grant
-	if st == nil || !st.GateLifted {
-		return nil
-	}
-	if p := s.byUID[types.UID(st.PodUID)]; p != nil && p.Namespace == d.Namespace && !stopped(p) {
-		return p
-	}
-	return nil
-}
-
 // releaseGrantsOf releases, for a lock being deleted, the grants of its key
-// to pods of its namespace that no live lock there selects, gates or marks
-// (deleting a lock is deleting its promise: a leader elected through it
-// stops being one), and removes the lock's marks. A grant whose gate any
+// to pods of its namespace that no live lock there selects, gates or marks,
+// and that no other lock of the key, live or refused, records (deleting a
+// lock is deleting its promise: a leader elected through it stops being
+// one), and removes the lock's marks. A grant whose gate any
 // lock of the key lifted is never released here while its pod runs: the
 // lock that lifted it waits for it, whether it is live, refused or being
 // deleted too. In-pod clients' holds are
@@ -128,47 +105,47 @@ func (s *scope) waitsFor(d *locksv1.DistributedLock) *corev1.Pod {
 // why (gates.go).
 func (r *DistributedLockReconciler) releaseGrantsOf(ctx context.Context, s *scope, d *locksv1.DistributedLock) error {
 	var kept []holder
-	for _, h := range s.holders {
+	for _, h := range s.Holders {
 		name := ""
-		switch gone, isGone := s.gone[h.podUID]; {
-		case !h.byController():
-		case h.pod != nil && !stopped(h.pod) && s.liftedFor(h.pod):
-		case h.pod != nil && h.pod.Namespace == d.Namespace && !s.claimed(h.pod):
-			name = h.pod.Name
-		case h.pod == nil && isGone && gone.Namespace == d.Namespace:
+		switch gone, isGone := s.gone[h.PodUID]; {
+		case !h.ByController():
+		case h.Pod != nil && !decide.Stopped(h.Pod) && (s.LiftedFor(h.Pod) || s.RecordedByAnother(h.Pod, d)):
+		case h.Pod != nil && h.Pod.Namespace == d.Namespace && !s.Claimed(h.Pod):
+			name = h.Pod.Name
+		case h.Pod == nil && isGone && gone.Namespace == d.Namespace:
 			name = gone.Name
 		}
 		if name == "" {
 			kept = append(kept, h)
 			continue
 		}
-		if _, err := s.client.ForceReleaseClient(ctx, s.key, string(h.podUID)); err != nil {
+		if _, err := s.client.ForceReleaseClient(ctx, s.Key, string(h.PodUID)); err != nil {
 			return err
 		}
-		r.grants.drop(s.key, h.podUID)
-		r.Recorder.Eventf(d, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", s.key, name)
+		r.grants.drop(s.Key, h.PodUID)
+		r.Recorder.Eventf(d, corev1.EventTypeNormal, "Released", "Released %s from pod %s: the DistributedLock is being deleted", s.Key, name)
 		r.Metrics.transition(d, "released")
 	}
-	s.holders = kept
+	s.Holders = kept
 	// A grant lost while its pod runs (kept without a hold, see keepGrants)
 	// ends with the lock too, unless a lock left claims the pod.
-	if g := r.grants.get(s.key); g != nil && g.hold == nil && g.pod.Namespace == d.Namespace {
-		if p := s.byUID[g.podUID]; p == nil || !s.claimed(p) {
-			r.grants.drop(s.key, g.podUID)
+	if g := r.grants.get(s.Key); g != nil && g.hold == nil && g.Pod.Namespace == d.Namespace {
+		if p := s.ByUID[g.PodUID]; p == nil || !s.Claimed(p) {
+			r.grants.drop(s.Key, g.PodUID)
 		}
 	}
 	// The grants it ended are over: no lock of the namespace records them
 	// any more, or the record would name the grantee again (a grant lost to
 	// somebody else is taken back for its pod once the key is free).
-	for _, l := range s.locksIn(d.Namespace) {
+	for _, l := range s.LocksIn(d.Namespace) {
 		g := l.Status.Grant
 		if g == nil || g.GateLifted {
 			continue
 		}
-		if _, held := s.heldBy(types.UID(g.PodUID)); held {
+		if _, held := s.HeldBy(types.UID(g.PodUID)); held {
 			continue
 		}
-		if p := s.byUID[types.UID(g.PodUID)]; p == nil || !s.claimed(p) {
+		if p := s.ByUID[types.UID(g.PodUID)]; p == nil || !s.Claimed(p) {
 			l.Status.Grant = nil
 		}
 	}

@@ -1,17 +1,22 @@
 // Package controllers holds the DistributedLock controller.
 //
-// The reconciler is shaped like cluster-api's: each reconcile builds a scope
-// once (scope.go: the locks naming one Redis key, live, refused or being
-// deleted, their candidate pods, the holders as Redis and the pods show
-// them, and the grant the locks' statuses record, grantee.go), runs named
-// phases over it (release.go: release stopped holders; sticky.go: keep
-// grants; grant.go: grant the next candidate; record.go: check and record
-// the grant; marks.go: the pods' marks and gates; deletion.go: let deleted
-// locks go; startup.go: watch the holder start), and computes the status
-// from the scope at the end (status.go, explain.go). The unit of work is
-// the key, not the resource: every lock naming a key agrees on one holder
-// and one waiting order, so one reconcile settles them all. Pods whose gate
-// no lock can lift are told so by the gate checker (gates.go).
+// One reconcile settles one Redis key for every lock naming it. It reads
+// (scope.go: the locks naming the key, live, refused or being deleted,
+// their candidate pods, the holders Redis shows, this process's memory of
+// its grant), and package decide resolves from that read who holds the key:
+// the grantee and where that comes from (a lock's status.grant, Redis, or
+// memory), whether its hold is kept, taken again or in conflict, whom it
+// blocks and which gates it lifts. Nothing else decides who holds a key.
+// The phases then act on that answer, in order (release.go: release
+// stopped holders and forget ended grants; sticky.go: keep the grant;
+// grant.go: grant the next candidate; record.go: check past the cache and
+// record the grant; marks.go: the pods' marks and gates, a gate lifted only
+// once its lock records the lift; deletion.go: let deleted locks go;
+// startup.go: watch the holder start), and the statuses are computed on
+// every exit (status.go, explain.go, failure.go: a failed write is a reason
+// on the status and a Warning Event, never a status left unwritten) and
+// written last, each preconditioned on the lock's resourceVersion. Pods
+// whose gate no lock can lift are told so by the gate checker (gates.go).
 package controllers
 
 import (
@@ -74,6 +79,9 @@ type DistributedLockReconciler struct {
 	// unwatchedWarned are, by key, the running pods outside the pod cache
 	// that a HolderNotWatched Event was sent for (pollUnwatched).
 	unwatchedWarned sync.Map // string -> map[types.UID]bool
+	// unguardedWarned are, by key, the pods told that they name a lock of
+	// the key but carry no gate of it (tellUnguarded).
+	unguardedWarned sync.Map // string -> map[types.UID]bool
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.dev,resources=distributedlocks,verbs=get;list;watch;patch
@@ -98,6 +106,12 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyReques
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if s.unnamed() && r.grants.get(req.Key) == nil {
+		// No lock names the key and this process holds nothing of it: it is
+		// none of the controller's business, and never polled.
+		r.keyReleases.unwatch(req.Key)
+		return ctrl.Result{}, nil
+	}
 	if err := r.addFinalizers(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -115,7 +129,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyReques
 // deletion releases whatever it was given. A lock of a namespace that may
 // not use the key gets none: it is given nothing.
 func (r *DistributedLockReconciler) addFinalizers(ctx context.Context, s *scope) error {
-	for _, l := range s.locks {
+	for _, l := range s.Locks {
 		if controllerutil.ContainsFinalizer(l, locksv1.Finalizer) {
 			continue
 		}
@@ -129,17 +143,22 @@ func (r *DistributedLockReconciler) addFinalizers(ctx context.Context, s *scope)
 	return nil
 }
 
-// runPhases runs the phases in order. A Redis failure stops them and is
-// shown in the Ready condition; the statuses are still written.
+// runPhases runs the phases in order, and computes the statuses on every
+// exit: a Redis failure stops them and shows as RedisUnavailable; a key
+// holding data that is not a lock runs only the finalizers and shows as
+// KeyInUse; a phase that fails stops the rest, and its failure shows as a
+// reason of the Ready condition (failure), with a Warning Event once.
 func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ctrl.Result, error) {
 	if s.redisErr != nil {
 		return r.redisFailed(ctx, s, s.redisErr)
 	}
 	if s.notALock {
-		r.backoff.succeeded(s.key)
+		r.backoff.succeeded(s.Key)
 		// Only a new key can fix it; deleting the lock lets it go, with no
 		// grant of the key to release.
-		return ctrl.Result{}, r.finalizeDeleted(ctx, s)
+		err := r.finalizeDeleted(ctx, s)
+		r.computeStatuses(ctx, s)
+		return ctrl.Result{}, err
 	}
 	for _, phase := range []struct {
 		name string
@@ -158,26 +177,28 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 			if isRedisError(err) {
 				return r.redisFailed(ctx, s, err)
 			}
+			s.failed = failureOf(phase.name, err)
+			r.computeStatuses(ctx, s)
 			return ctrl.Result{}, fmt.Errorf("%s: %w", phase.name, err)
 		}
 	}
-	r.backoff.succeeded(s.key)
+	r.backoff.succeeded(s.Key)
 	r.computeStatuses(ctx, s)
 	// A grant the controller keeps needs no polling: its loss arrives on
 	// the lost channel, and its pod's end as a pod event. Anyone else's
 	// hold (even one under a controller owner ID that is no grant it
 	// keeps) ends by a release, which Redis publishes (watchReleases), or
 	// by its lease running out, which it does not.
-	if h := s.holders; len(h) > 0 && (s.conflict || s.grantee == nil || h[0].podUID != s.grantee.UID) {
+	if h := s.Holders; len(h) > 0 && (s.conflict || s.grantee == nil || h[0].PodUID != s.grantee.UID) {
 		s.requeue(pollAfter(s.info.TTL))
-		r.keyReleases.watch(ctx, s.key)
+		r.keyReleases.watch(ctx, s.Key)
 	} else {
-		r.keyReleases.unwatch(s.key)
+		r.keyReleases.unwatch(s.Key)
 	}
 	// Nobody publishes a take: a free key that candidates take themselves
 	// (mode Observe) is looked at again soon, to show a new holder, while a
 	// candidate runs that could take it (one that starts is a pod event).
-	if len(s.holders) == 0 && slices.ContainsFunc(s.pods, s.observedRunning) {
+	if len(s.Holders) == 0 && slices.ContainsFunc(s.pods, s.observedRunning) {
 		s.requeue(observePoll)
 	}
 	// Nor does an unwatched pod's end arrive as an event.
@@ -205,15 +226,15 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 	if !isRedisError(err) {
 		return ctrl.Result{}, err
 	}
-	log.FromContext(ctx).Error(err, "Redis failed", "key", s.key)
-	for _, l := range append(slices.Clip(s.locks), s.deleting...) {
+	log.FromContext(ctx).Error(err, "Redis failed", "key", s.Key)
+	for _, l := range append(slices.Clip(s.Locks), s.Deleting...) {
 		// One Warning Event as each lock turns unavailable, not one per retry.
 		if c := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady); c == nil || c.Reason != "RedisUnavailable" {
 			r.Recorder.Event(l, corev1.EventTypeWarning, "RedisUnavailable",
 				"Redis did not answer, or refused the lock's commands: nothing is granted or released until it does; the manager's log has the error")
 		}
 	}
-	for _, l := range s.locks {
+	for _, l := range s.Locks {
 		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
 			"Redis did not answer, or refused the lock's commands; the manager's log has the error")
 		if meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionHeld) != nil {
@@ -221,11 +242,16 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 				"Redis cannot be read, so who holds the lock is unknown")
 		}
 	}
-	for _, d := range s.deleting {
+	for _, d := range s.Deleting {
 		setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
 			"Redis did not answer, so the lock being deleted cannot be released; it is retried. If Redis is gone for good, remove the finalizer by hand (see the README)")
 	}
-	return ctrl.Result{RequeueAfter: r.backoff.failed(s.key)}, nil
+	// A refused lock learns nothing of the key, Redis's state included.
+	for _, l := range s.Revoked {
+		r.revokedStatus(s, l)
+	}
+	s.described = true
+	return ctrl.Result{RequeueAfter: r.backoff.failed(s.Key)}, nil
 }
 
 // patchStatuses writes the status of every lock in the scope that changed.
@@ -234,13 +260,13 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 // back.
 func (r *DistributedLockReconciler) patchStatuses(ctx context.Context, s *scope) error {
 	var errs []error
-	for _, l := range s.all() {
+	for _, l := range s.All() {
 		before := s.before[client.ObjectKeyFromObject(l)]
 		if before == nil {
 			continue
 		}
-		err := r.patchStatus(ctx, before, l)
-		if err != nil && slices.Contains(s.revoked, l) {
+		err := r.patchStatus(ctx, before, l, s.described)
+		if err != nil && slices.Contains(s.Revoked, l) {
 			log.FromContext(ctx).Error(err, "cannot write a refused lock's status", "lock", client.ObjectKeyFromObject(l))
 			continue
 		}
@@ -253,11 +279,16 @@ func (r *DistributedLockReconciler) patchStatuses(ctx context.Context, s *scope)
 // lock steadily writes nothing to the API server. The write is
 // preconditioned on the lock's resourceVersion: a manager that read the
 // lock before another wrote it (a grant's record, say) must not write over
-// it, however long it was paused.
-func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, lock *locksv1.DistributedLock) error {
-	lock.Status.ObservedGeneration = lock.Generation
-	for i := range lock.Status.Conditions {
-		lock.Status.Conditions[i].ObservedGeneration = lock.Generation
+// it, however long it was paused. observedGeneration is stamped only when
+// the reconcile computed the lock's status from this generation
+// (described): a status written on an exit that computed none (a record
+// written before a failure) does not claim to describe it.
+func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, lock *locksv1.DistributedLock, described bool) error {
+	if described {
+		lock.Status.ObservedGeneration = lock.Generation
+		for i := range lock.Status.Conditions {
+			lock.Status.Conditions[i].ObservedGeneration = lock.Generation
+		}
 	}
 	if equality.Semantic.DeepEqual(before.Status, lock.Status) {
 		return nil
@@ -316,7 +347,7 @@ const controllerOwnerN = 0
 // eventf records an Event on each lock of the scope in the namespace, so a
 // namespace only ever reads about its own pods.
 func (r *DistributedLockReconciler) eventf(s *scope, namespace, eventType, reason, format string, args ...any) {
-	for _, l := range s.locks {
+	for _, l := range s.Locks {
 		if l.Namespace == namespace {
 			r.Recorder.Eventf(l, eventType, reason, format, args...)
 		}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // No pod waits unexplained: a pod behind a lockwarden gate is told, in
@@ -26,58 +27,55 @@ type toldPods struct{ m sync.Map } // string -> map[types.UID]string
 // granted the key (once the grant is recorded), and the pod which locks it
 // still waits for before it can start.
 func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token int64) {
-	r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.key, pod.Name, token)
-	for _, l := range s.locksIn(pod.Namespace) {
+	r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Acquired", "Granted %s to pod %s with fencing token %d", s.Key, pod.Name, token)
+	for _, l := range s.LocksIn(pod.Namespace) {
 		r.Metrics.transition(l, "acquired")
 	}
 	var others []string
 	for _, g := range pod.Spec.SchedulingGates {
 		name, ours := strings.CutPrefix(g.Name, locksv1.GatePrefix)
-		if ours && !s.gatesFor(pod, name) {
+		if ours && s.lockNamed(pod.Namespace, name) == nil {
 			others = append(others, name)
 		}
 	}
-	msg := fmt.Sprintf("Granted %s with fencing token %d", s.key, token)
+	msg := fmt.Sprintf("Granted %s with fencing token %d", s.Key, token)
 	if len(others) > 0 {
 		msg += fmt.Sprintf("; it holds it while it waits for lock %s before it can start", strings.Join(others, ", "))
 	}
 	r.Recorder.Event(pod, corev1.EventTypeNormal, "Granted", msg)
 }
 
-// gatesFor reports whether the named lock of the pod's namespace is one of
-// the scope's live locks.
-func (s *scope) gatesFor(pod *corev1.Pod, lock string) bool {
-	for _, l := range s.locksIn(pod.Namespace) {
-		if l.Name == lock {
-			return true
-		}
-	}
-	return false
-}
-
 // tellWaiting tells each guarded pod waiting for the key its place in the
 // order, and each blocked one what holds it back: another lock it takes
 // first, or another controller's gate.
 func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, waiting []*corev1.Pod, blocked map[*corev1.Pod]string) {
-	before, _ := r.told.m.Load(s.key)
+	before, _ := r.told.m.Load(s.Key)
 	told, _ := before.(map[types.UID]string)
 	now := map[types.UID]string{}
 	// Places count only the pod's own namespace's waiting pods: another
 	// namespace's are none of its business.
 	guarded, place := map[string]int{}, map[string]int{}
 	for _, p := range waiting {
-		if s.gatedByAny(p) {
+		if s.GatedByAny(p) {
 			guarded[p.Namespace]++
 		}
 	}
 	for _, p := range waiting {
-		if !s.gatedByAny(p) {
+		if !s.GatedByAny(p) {
+			continue
+		}
+		if s.notALock {
+			// Nothing is granted: the pod has no place in a line.
+			now[p.UID] = keyInUse.reason
+			if told[p.UID] != keyInUse.reason {
+				r.Recorder.Eventf(p, corev1.EventTypeWarning, keyInUse.reason, "Waiting for %s: %s", s.Key, keyInUse.message)
+			}
 			continue
 		}
 		place[p.Namespace]++
 		now[p.UID] = "queued"
 		if told[p.UID] != "queued" {
-			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Queued", "Waiting for %s: place %d of %d", s.key, place[p.Namespace], guarded[p.Namespace])
+			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Queued", "Waiting for %s: place %d of %d", s.Key, place[p.Namespace], guarded[p.Namespace])
 		}
 	}
 	for p, why := range blocked {
@@ -86,12 +84,59 @@ func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, w
 		}
 		now[p.UID] = why
 		if told[p.UID] != why {
-			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Waiting", "Waiting for %s: %s", s.key, why)
+			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Waiting", "Waiting for %s: %s", s.Key, why)
 		}
 	}
 	if len(now) > 0 {
-		r.told.m.Store(s.key, now)
+		r.told.m.Store(s.Key, now)
 	} else if told != nil {
-		r.told.m.Delete(s.key)
+		r.told.m.Delete(s.Key)
 	}
+}
+
+// tellUnguarded warns, once, about each pod that names a lock of the key in
+// mode Grant (its label lockwarden.dev/lock or annotation
+// lockwarden.dev/locks) but carries no gate of it and no lock records
+// lifting one from it: the gating policy did not gate it at its creation
+// (not installed yet, or a cluster without MutatingAdmissionPolicy), so it
+// is an unguarded candidate that may run without holding the lock. A
+// Warning Event goes to the pod and to the lock.
+func (r *DistributedLockReconciler) tellUnguarded(s *scope) {
+	before, _ := r.unguardedWarned.Load(s.Key)
+	warned, _ := before.(map[types.UID]bool)
+	now := map[types.UID]bool{}
+	for _, p := range s.pods {
+		if !s.MayUse[p.Namespace] || decide.Stopped(p) || s.LiftedFor(p) {
+			continue
+		}
+		for _, name := range locksv1.NamedLocks(p.Labels, p.Annotations) {
+			l := s.lockNamed(p.Namespace, name)
+			if l == nil || !decide.GrantsFor(l) || decide.HasGate(p, locksv1.GateFor(name)) {
+				continue
+			}
+			now[p.UID] = true
+			if !warned[p.UID] {
+				msg := fmt.Sprintf("Pod %s names lock %s but carries no gate of it: the gating admission policy did not gate it when it was created (not installed yet, or a cluster without MutatingAdmissionPolicy), so it may run without holding the lock; recreate it once the policy is active", p.Name, name)
+				r.Recorder.Event(p, corev1.EventTypeWarning, "NotGuarded", msg)
+				r.Recorder.Event(l, corev1.EventTypeWarning, "NotGuarded", msg)
+			}
+			break
+		}
+	}
+	if len(now) > 0 {
+		r.unguardedWarned.Store(s.Key, now)
+	} else if warned != nil {
+		r.unguardedWarned.Delete(s.Key)
+	}
+}
+
+// lockNamed is the live lock of the key with the name in the namespace, or
+// nil.
+func (s *scope) lockNamed(namespace, name string) *locksv1.DistributedLock {
+	for _, l := range s.LocksIn(namespace) {
+		if l.Name == name {
+			return l
+		}
+	}
+	return nil
 }

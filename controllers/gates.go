@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // gateProblem is why one of a pod's lockwarden gates cannot be lifted as
@@ -34,7 +35,7 @@ type gateProblem struct {
 // not use, or does not select the pod. It reads the cache's own objects,
 // which must not be written to.
 func (r *DistributedLockReconciler) gateLocks(ctx context.Context, pod *corev1.Pod) ([]*locksv1.DistributedLock, []gateProblem, error) {
-	names, _ := ourGates(pod)
+	names, _ := decide.OurGates(pod)
 	var locks []*locksv1.DistributedLock
 	var problems []gateProblem
 	for _, name := range names {
@@ -91,7 +92,7 @@ func (g *gateChecker) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if gates, _ := ourGates(pod); len(gates) == 0 {
+	if gates, _ := decide.OurGates(pod); len(gates) == 0 {
 		g.told.Delete(req.NamespacedName)
 		return reconcile.Result{}, nil
 	}
@@ -123,7 +124,7 @@ func (g *gateChecker) Reconcile(ctx context.Context, req reconcile.Request) (rec
 func (g *gateChecker) setupWithManager(mgr ctrl.Manager) error {
 	hasGates := func(o client.Object) bool {
 		pod, ok := o.(*corev1.Pod)
-		gates, _ := ourGates(pod)
+		gates, _ := decide.OurGates(pod)
 		return ok && len(gates) > 0
 	}
 	// A pod that had gates and lost them, or is gone, is looked at once
@@ -160,7 +161,7 @@ func (g *gateChecker) podsBehind(ctx context.Context, obj client.Object) []recon
 	}
 	var out []reconcile.Request
 	for i := range pods.Items {
-		if hasGate(&pods.Items[i], locksv1.GateFor(obj.GetName())) {
+		if decide.HasGate(&pods.Items[i], locksv1.GateFor(obj.GetName())) {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&pods.Items[i])})
 		}
 	}

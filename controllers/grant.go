@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/lockwarden/lockwarden/controllers/decide"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
@@ -17,10 +18,10 @@ import (
 // recorded, and checked past the cache, before any gate is lifted with it
 // (recordGrant).
 func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) error {
-	if len(s.holders) > 0 || s.grantee != nil || s.conflict {
+	if len(s.Holders) > 0 || s.grantee != nil || s.conflict {
 		return nil
 	}
-	for _, pod := range s.candidates {
+	for _, pod := range s.Candidates {
 		why, err := r.whyWaits(ctx, s, pod)
 		if err != nil {
 			return err
@@ -32,7 +33,7 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 		if err != nil {
 			return err
 		}
-		hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
+		hold, err := acquire(ctx, c, s.Key, ownerFor(pod.UID))
 		if errors.Is(err, redislock.ErrWaitTimeout) {
 			return s.reread(ctx) // taken meanwhile
 		}
@@ -40,7 +41,7 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 			return err
 		}
 		r.remember(s, pod, terms, hold)
-		s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
+		s.Holders = []holder{{Owner: string(ownerFor(pod.UID)), PodUID: pod.UID, Pod: pod}}
 		s.info.Token = hold.Token()
 		s.grantee, s.taken, s.newGrant = pod, hold, true
 		return nil
@@ -59,10 +60,10 @@ func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) err
 // takes them in the order of their keys, so two pods guarded by the same
 // locks never each hold one and wait for the other.
 func (r *DistributedLockReconciler) whyWaits(ctx context.Context, s *scope, pod *corev1.Pod) (string, error) {
-	if stopped(pod) || !pod.DeletionTimestamp.IsZero() {
+	if decide.Stopped(pod) || !pod.DeletionTimestamp.IsZero() {
 		return stopping, nil
 	}
-	gates, foreign := ourGates(pod)
+	gates, foreign := decide.OurGates(pod)
 	if len(foreign) > 0 {
 		return fmt.Sprintf("behind another controller's scheduling gate %s: it is granted locks once lockwarden's gates are its only ones",
 			strings.Join(foreign, ", ")), nil
@@ -85,11 +86,11 @@ func (r *DistributedLockReconciler) whyWaits(ctx context.Context, s *scope, pod 
 		return strings.Join(messages, "; "), nil
 	}
 	for _, l := range locks {
-		if effectiveKey(l) < s.key {
+		if effectiveKey(l) < s.Key {
 			return fmt.Sprintf("takes key %s of lock %s first", effectiveKey(l), l.Name), nil
 		}
 	}
-	if !s.guards(pod) {
+	if !s.Guards(pod) {
 		return "behind the gates of locks on other keys", nil
 	}
 	return "", nil

@@ -43,8 +43,8 @@ func released(h *handle) bool { return errors.Is(h.Err(), redislock.ErrReleased)
 // once it was lost while the pod runs: the grant is still the pod's, and
 // is taken again for it when the key is free (keepGrants).
 type grant struct {
-	podUID types.UID
-	pod    types.NamespacedName
+	PodUID types.UID
+	Pod    types.NamespacedName
 	hold   *handle
 }
 
@@ -76,7 +76,7 @@ func (g *grants) put(key string, gr *grant) {
 func (g *grants) drop(key string, uid types.UID) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if gr := g.byKey[key]; gr != nil && gr.podUID == uid {
+	if gr := g.byKey[key]; gr != nil && gr.PodUID == uid {
 		delete(g.byKey, key)
 	}
 }

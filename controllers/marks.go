@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // markPods brings every pod of the scope (which holds each pod that carries
@@ -31,16 +32,16 @@ import (
 // tenant made hard to patch (the manager-writes policy refusing it, say)
 // must not hold the key back for everyone.
 func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) error {
-	holderPod := s.holderPod()
+	holderPod := s.HolderPod()
 	pods := s.pods
 	if i := slices.Index(pods, holderPod); i > 0 {
 		pods = append([]*corev1.Pod{holderPod}, slices.Delete(slices.Clone(pods), i, i+1)...)
 	}
 	for _, pod := range pods {
-		if !s.mayUse[pod.Namespace] {
+		if !s.MayUse[pod.Namespace] {
 			continue
 		}
-		locks := s.locksIn(pod.Namespace)
+		locks := s.LocksIn(pod.Namespace)
 		// A pod that is not the holder only ever loses marks, so one that
 		// carries none of these locks' has nothing to write, and need not be
 		// copied.
@@ -51,11 +52,11 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 		want := pod.DeepCopy()
 		for _, l := range locks {
 			switch {
-			case holderPod != nil && pod.UID == holderPod.UID && !stopped(pod) &&
-				(selects(l, pod) || hasGate(pod, locksv1.GateFor(l.Name)) || markedBy(pod, l.Name)):
-				h := s.holders[0]
-				setMarks(want, l.Name, string(h.owner), s.info.Token)
-				if s.liftsGate(l, pod) && recordsLift(l, pod) {
+			case holderPod != nil && pod.UID == holderPod.UID && !decide.Stopped(pod) &&
+				(selects(l, pod) || decide.HasGate(pod, locksv1.GateFor(l.Name)) || decide.MarkedBy(pod, l.Name)):
+				h := s.Holders[0]
+				setMarks(want, l.Name, string(h.Owner), s.info.Token)
+				if s.LiftsGate(l, pod) && decide.RecordsLift(l, pod) {
 					liftGate(want, l.Name)
 				}
 			case s.conflict && s.grantee != nil && pod.UID == s.grantee.UID:
@@ -65,29 +66,14 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 		}
 		if err := r.patchPod(ctx, pod, want); err != nil {
 			if pod == holderPod {
-				return err
+				return &podUpdateError{pod: pod, err: err}
 			}
-			log.FromContext(ctx).Error(err, "cannot update a pod's marks", "key", s.key, "pod", client.ObjectKeyFromObject(pod))
+			log.FromContext(ctx).Error(err, "cannot update a pod's marks", "key", s.Key, "pod", client.ObjectKeyFromObject(pod))
 		} else if len(want.Spec.SchedulingGates) < len(pod.Spec.SchedulingGates) {
-			log.FromContext(ctx).Info("lifted the lock's gate", "key", s.key, "pod", pod.Name, "uid", pod.UID, "token", s.info.Token)
+			log.FromContext(ctx).Info("lifted the lock's gate", "key", s.Key, "pod", pod.Name, "uid", pod.UID, "token", s.info.Token)
 		}
 	}
 	return nil
-}
-
-// recordsLift reports whether the lock's status, as written, records the
-// pod's grant and the lift of the lock's gate: no gate is lifted before
-// that record (recordGrant). A grant the status could not record waits: the
-// status still names another pod's grant, which the scope, read a moment
-// before a fresher look found that pod stopped, did not yet see end. Lifting
-// regardless once let a manager ungate the holder another manager had just
-// taken the key for, with nothing recorded to keep that grant sticky: the
-// other manager, acting on a view read before, then gave the key back and
-// granted it to the next pod, and two ran (the fault run, seed
-// 1795666297250708953). The next reconcile clears the ended record first.
-func recordsLift(l *locksv1.DistributedLock, pod *corev1.Pod) bool {
-	g := l.Status.Grant
-	return g != nil && g.PodUID == string(pod.UID) && g.GateLifted
 }
 
 // liftGate removes the lock's gate from the pod. The lift goes in the same
@@ -143,11 +129,6 @@ func changedKeys(before, after map[string]string) map[string]any {
 		}
 	}
 	return changes
-}
-
-func markedBy(pod *corev1.Pod, lock string) bool {
-	_, ok := pod.Annotations[locksv1.OwnerAnnotationPrefix+lock]
-	return ok || pod.Labels[locksv1.HolderLabelFor(lock)] != ""
 }
 
 // setMarks marks the pod as the lock's holder. The since-time is kept while

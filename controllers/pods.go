@@ -14,11 +14,11 @@ import (
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// A reconcile reads only the pods that concern its key (issue 15: a
-// reconcile that listed and copied every pod of its namespace spent most of
-// its time doing so). It finds them through each lock's candidate selector
-// (the cache matches it against the labels of the namespace's pods and
-// deep-copies none), the podLocksIndex of the cache, and podNames.
+// A reconcile reads only the pods that concern its key, never every pod of
+// a namespace, and copies none of them. It finds them through each lock's
+// candidate selector (the cache matches it against the labels of the
+// namespace's pods and deep-copies none), the podLocksIndex of the cache,
+// and podNames.
 
 // podLocksIndex indexes pods by the names of the locks whose gate or marks
 // they carry, in their namespace.

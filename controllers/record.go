@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // recordGrant records the controller's hold of the key in the statuses of
@@ -37,12 +38,16 @@ import (
 // (the other manager wrote the lock since, with a higher token); and the
 // admission policy of config/admission refuses a lift whose token is below
 // the lock's record.
+//
+// A new grant and a re-take fail apart: only a take that a gate would be
+// lifted with is ever given back when it cannot be checked or recorded; a
+// take with no gate to lift keeps its hold while the record is retried.
 func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) error {
 	var pod *corev1.Pod
-	if len(s.holders) > 0 && s.holders[0].byController() && s.holders[0].pod != nil {
-		pod = s.holders[0].pod
+	if len(s.Holders) > 0 && s.Holders[0].ByController() && s.Holders[0].Pod != nil {
+		pod = s.Holders[0].Pod
 	}
-	lifting := pod != nil && s.lifting(pod)
+	lifting := pod != nil && s.Lifting(pod)
 	if lifting {
 		switch behind, err := r.confirmNoOtherGrant(ctx, s, pod); {
 		case behind:
@@ -54,8 +59,8 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 		}
 	}
 	token := s.info.Token
-	for _, l := range append(slices.Clip(s.locks), s.deleting...) {
-		if !s.mayUse[l.Namespace] {
+	for _, l := range append(slices.Clip(s.Locks), s.Deleting...) {
+		if !s.MayUse[l.Namespace] {
 			continue // a lock of a namespace that may not use the key learns nothing of it
 		}
 		status := map[string]any{}
@@ -80,12 +85,26 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 			continue
 		case apierrors.IsInvalid(err) && lifting:
 			return r.tokenBehind(ctx, s, pod)
+		case err != nil && lifting:
+			// A pod whose gate was lifted already, as the API server shows,
+			// holds a recorded grant (no gate is lifted before its record):
+			// the take is kept for it, as a re-take's is. Decided on a view
+			// in which it was still gated, the take is otherwise given back.
+			if ungated, readErr := r.ungatedPastCache(ctx, s, pod); readErr != nil || !ungated {
+				return r.giveBack(ctx, s, pod, s.taken, errors.Join(err, readErr))
+			}
+			return err
 		case err != nil:
-			return r.giveBack(ctx, s, pod, s.taken, err)
+			// A take no gate is lifted with (a re-take for a grantee that
+			// may run, a grant to a pod without a gate) keeps its hold, and
+			// the record is tried again: giving it back would publish a
+			// release under a pod that may run, and wake every waiter
+			// outside the controller.
+			return err
 		}
 	}
 	if s.newGrant && pod != nil {
-		log.FromContext(ctx).Info("granted the lock", "key", s.key, "pod", pod.Name, "uid", pod.UID, "token", token)
+		log.FromContext(ctx).Info("granted the lock", "key", s.Key, "pod", pod.Name, "uid", pod.UID, "token", token)
 		r.tellGranted(s, pod, token)
 	}
 	return nil
@@ -101,11 +120,11 @@ func (s *scope) grantRecord(l *locksv1.DistributedLock, pod *corev1.Pod) (*locks
 	switch {
 	case was == nil:
 		return &locksv1.LockGrant{PodName: pod.Name, PodUID: string(pod.UID), Token: s.info.Token,
-			GateLifted: s.liftsGate(l, pod), Since: metav1.Now()}, true
+			GateLifted: s.LiftsGate(l, pod), Since: metav1.Now()}, true
 	case was.PodUID == string(pod.UID):
 		next := *was
 		next.Token = max(was.Token, s.info.Token)
-		next.GateLifted = was.GateLifted || s.liftsGate(l, pod)
+		next.GateLifted = was.GateLifted || s.LiftsGate(l, pod)
 		return &next, true
 	}
 	return nil, false
@@ -146,23 +165,12 @@ func (r *DistributedLockReconciler) tokenBehind(ctx context.Context, s *scope, p
 	s.notReady = &condition{"FencingTokenBehind", fmt.Sprintf(
 		"a fencing token above %d, the one Redis gave the latest grant, is recorded for the key: the grant was given back, and is tried again every second", s.info.Token)}
 	s.requeue(time.Second)
-	if _, err := s.client.ForceReleaseOwnership(ctx, s.key, string(pod.UID), s.info.Token); err != nil {
+	if _, err := s.client.ForceReleaseOwnership(ctx, s.Key, string(pod.UID), s.info.Token); err != nil {
 		return err
 	}
-	r.grants.drop(s.key, pod.UID)
-	s.holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
+	r.grants.drop(s.Key, pod.UID)
+	s.Holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
 	return nil
-}
-
-// lifting reports whether markPods will lift a gate from the pod, once the
-// grant is recorded (recordsLift).
-func (s *scope) lifting(pod *corev1.Pod) bool {
-	for _, l := range s.locksIn(pod.Namespace) {
-		if s.liftsGate(l, pod) {
-			return true
-		}
-	}
-	return false
 }
 
 // confirmNoOtherGrant reads the key's locks past the cache and fails if one
@@ -170,7 +178,7 @@ func (s *scope) lifting(pod *corev1.Pod) bool {
 // above the grant's (behind is then true): the view this grant was decided
 // on is stale.
 func (r *DistributedLockReconciler) confirmNoOtherGrant(ctx context.Context, s *scope, pod *corev1.Pod) (behind bool, err error) {
-	for _, known := range s.all() {
+	for _, known := range s.All() {
 		l := &locksv1.DistributedLock{}
 		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(known), l); apierrors.IsNotFound(err) {
 			continue
@@ -188,8 +196,8 @@ func (r *DistributedLockReconciler) confirmNoOtherGrant(ctx context.Context, s *
 		if err != nil {
 			return false, err
 		}
-		if other != nil && !stopped(other) {
-			return false, fmt.Errorf("pod %s/%s still has a grant of %s (fencing token %d) that the cache did not show", l.Namespace, g.PodName, s.key, g.Token)
+		if other != nil && !decide.Stopped(other) {
+			return false, fmt.Errorf("pod %s/%s still has a grant of %s (fencing token %d) that the cache did not show", l.Namespace, g.PodName, s.Key, g.Token)
 		}
 	}
 	return false, nil
@@ -208,7 +216,26 @@ func (r *DistributedLockReconciler) giveBack(ctx context.Context, s *scope, pod 
 	if err := giveUp(ctx, hold); err != nil {
 		return errors.Join(why, fmt.Errorf("giving the hold back failed: %w", err))
 	}
-	r.grants.drop(s.key, pod.UID)
-	s.holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
+	r.grants.drop(s.Key, pod.UID)
+	s.Holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
 	return why
+}
+
+// ungatedPastCache reports whether the API server shows the pod without the
+// gates that the grant would lift (those of the key's live locks that the
+// scope saw it carry).
+func (r *DistributedLockReconciler) ungatedPastCache(ctx context.Context, s *scope, pod *corev1.Pod) (bool, error) {
+	now := &corev1.Pod{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pod), now); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if now.UID != pod.UID {
+		return false, nil
+	}
+	for _, l := range s.LocksIn(pod.Namespace) {
+		if s.LiftsGate(l, pod) && decide.HasGate(now, locksv1.GateFor(l.Name)) {
+			return false, nil
+		}
+	}
+	return true, nil
 }

@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // releaseStopped force-releases the holders whose pod has stopped or is
@@ -16,26 +18,26 @@ import (
 // (another namespace's, another cluster's, a plain client's) are left alone.
 func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope) error {
 	var remaining []holder
-	for _, h := range s.holders {
+	for _, h := range s.Holders {
 		name, namespace, why := s.releasable(h)
 		if why == "" {
 			remaining = append(remaining, h)
 			continue
 		}
-		if _, err := s.client.ForceReleaseClient(ctx, s.key, string(h.podUID)); err != nil {
+		if _, err := s.client.ForceReleaseClient(ctx, s.Key, string(h.PodUID)); err != nil {
 			return err
 		}
-		r.grants.drop(s.key, h.podUID)
-		if h.pod != nil {
-			r.Metrics.observeRelease(time.Since(stopTime(h.pod)))
+		r.grants.drop(s.Key, h.PodUID)
+		if h.Pod != nil {
+			r.Metrics.observeRelease(time.Since(decide.StopTime(h.Pod)))
 		}
-		log.FromContext(ctx).Info("released the lock of a stopped pod", "key", s.key, "pod", name, "owner", h.owner)
-		r.eventf(s, namespace, corev1.EventTypeNormal, "HolderTerminated", "Released %s: holder pod %s %s", s.key, name, why)
-		for _, l := range s.locksIn(namespace) {
+		log.FromContext(ctx).Info("released the lock of a stopped pod", "key", s.Key, "pod", name, "owner", h.Owner)
+		r.eventf(s, namespace, corev1.EventTypeNormal, "HolderTerminated", "Released %s: holder pod %s %s", s.Key, name, why)
+		for _, l := range s.LocksIn(namespace) {
 			r.Metrics.transition(l, "holder_terminated")
 		}
 	}
-	s.holders = remaining
+	s.Holders = remaining
 	return nil
 }
 
@@ -46,13 +48,13 @@ func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope
 // from being cleared by a stale one by the resourceVersion every status
 // write is preconditioned on.
 func (r *DistributedLockReconciler) forgetEndedGrants(_ context.Context, s *scope) error {
-	for _, l := range s.all() {
+	for _, l := range s.All() {
 		g := l.Status.Grant
 		if g == nil {
 			continue
 		}
 		_, gone := s.gone[types.UID(g.PodUID)]
-		if p := s.byUID[types.UID(g.PodUID)]; gone || (p != nil && stopped(p)) {
+		if p := s.ByUID[types.UID(g.PodUID)]; gone || (p != nil && decide.Stopped(p)) {
 			l.Status.Grant = nil
 		}
 	}
@@ -66,17 +68,17 @@ func (r *DistributedLockReconciler) forgetEndedGrants(_ context.Context, s *scop
 // is gone (addKnownHolders). A pod the cache merely lacks is never taken
 // for gone: a filtered or lagging cache lacks running pods too.
 func (s *scope) releasable(h holder) (name, namespace, why string) {
-	if h.pod != nil {
-		if !stopped(h.pod) {
+	if h.Pod != nil {
+		if !decide.Stopped(h.Pod) {
 			return "", "", ""
 		}
 		why = "has stopped: its deletion has terminated every container"
-		if h.pod.Status.Phase == corev1.PodSucceeded || h.pod.Status.Phase == corev1.PodFailed {
-			why = "reached phase " + string(h.pod.Status.Phase)
+		if h.Pod.Status.Phase == corev1.PodSucceeded || h.Pod.Status.Phase == corev1.PodFailed {
+			why = "reached phase " + string(h.Pod.Status.Phase)
 		}
-		return h.pod.Name, h.pod.Namespace, why
+		return h.Pod.Name, h.Pod.Namespace, why
 	}
-	if gone, ok := s.gone[h.podUID]; ok {
+	if gone, ok := s.gone[h.PodUID]; ok {
 		return gone.Name, gone.Namespace, "was deleted"
 	}
 	return "", "", ""

@@ -9,34 +9,24 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+
+	"github.com/lockwarden/lockwarden/controllers/decide"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
 // scope is everything one reconcile of a key knows, loaded once.
 type scope struct {
-	key string
-	// locks are the live locks naming the key whose namespaces may use it,
-	// by namespace and name. Their statuses are computed in place.
-	locks []*locksv1.DistributedLock
-	// revoked are the live locks naming the key from namespaces that may
-	// not use it (any more: the administrator un-shared it). They grant
-	// nothing, learn nothing of the key's grants, and their pods' marks
-	// are never set, but a grant one of them made while it could, as its
-	// status records it, is kept until its pod stops (recordedGrantee).
-	revoked []*locksv1.DistributedLock
-	// deleting are the locks naming the key that are being deleted and
-	// still carry the finalizer, whichever their namespace. They grant
-	// nothing new; a grant whose gate one of them lifted is kept until its
-	// pod stops, and only then does the lock go (finalizeDeleted).
-	deleting []*locksv1.DistributedLock
+	// View is what the reconcile read of the key (its locks, by kind, and
+	// their namespaces' right to the key; the pods; Redis's holders; this
+	// process's memory of its grant), from which decide resolves who holds
+	// it. The locks' statuses are computed in place.
+	decide.View
 	// ungiven are the deleting locks of namespaces that may not use the key
 	// that record no grant: only their finalizer is removed.
 	ungiven []*locksv1.DistributedLock
@@ -53,24 +43,17 @@ type scope struct {
 	// are never shown, released or written. They are the cache's own
 	// objects, never written to.
 	pods       []*corev1.Pod
-	byUID      map[types.UID]*corev1.Pod
 	namespaces map[string]bool
 	podByUID   func(context.Context, types.UID) (*corev1.Pod, error)
-	// candidates are the pods some lock in mode Grant selects, oldest
-	// first: the one waiting order every such lock naming the key shares.
-	candidates []*corev1.Pod
 	// unwatched are the pods of the scope that the cache lacks, read from
 	// the API server because the controller knows them as holders.
 	unwatched map[types.UID]bool
-	// mayUse are the namespaces that may use the key.
-	mayUse map[string]bool
 	// gone are the known holders the API server says are gone: the only
 	// holders missing from the scope that may be released.
 	gone map[types.UID]types.NamespacedName
 
-	// info is Redis's view of the key; holders are its owners.
-	info    redislock.LockInfo
-	holders []holder
+	// info is Redis's view of the key; View.Holders are its owners.
+	info redislock.LockInfo
 	// redisErr is why Redis could not be read; notALock is set when the key
 	// holds data that is not a lock.
 	redisErr error
@@ -89,19 +72,18 @@ type scope struct {
 	taken, adopted *handle
 	newGrant       bool
 	// notReady, if set, is why the key's locks are not Ready, though Redis
-	// answered.
+	// answered; failed, if set, is why a phase failed (failure).
 	notReady *condition
+	failed   *failure
+	// described is set once the locks' statuses were computed from what
+	// this reconcile read (patchStatus stamps observedGeneration then).
+	described bool
 	// gateMemo is gateLocksOf's memory, and candidateAt each candidate's
 	// place in the waiting order.
 	gateMemo    map[types.UID]gateResult
 	candidateAt map[types.UID]int
 	// after is how soon the key must be looked at again, or 0.
 	after time.Duration
-}
-
-// all are the scope's locks of every kind, for their statuses.
-func (s *scope) all() []*locksv1.DistributedLock {
-	return append(append(slices.Clip(s.locks), s.revoked...), s.deleting...)
 }
 
 // gateLocksOf is gateLocks of the pod, once a reconcile: a key's waiting
@@ -130,6 +112,9 @@ type gateResult struct {
 // condition is a condition's reason and message.
 type condition struct{ reason, message string }
 
+// unnamed reports whether no lock names the key, in any state.
+func (s *scope) unnamed() bool { return len(s.All()) == 0 && len(s.ungiven) == 0 }
+
 // requeue asks for another look at the key within d.
 func (s *scope) requeue(d time.Duration) {
 	if s.after == 0 || d < s.after {
@@ -137,15 +122,8 @@ func (s *scope) requeue(d time.Duration) {
 	}
 }
 
-// holder is an owner of the key in Redis. pod is set when the owner ID
-// starts with the UID of a pod in the scope's namespaces.
-type holder struct {
-	owner  redislock.Owner
-	podUID types.UID
-	pod    *corev1.Pod
-}
-
-func (h holder) byController() bool { return strings.HasSuffix(string(h.owner), ":0") }
+// holder is an owner of the key in Redis (decide.Holder).
+type holder = decide.Holder
 
 // ownerPattern is Redisson's "<id>:<n>". A field of any other shape means
 // the key is some other hash, whose fields are none of the tenant's business.
@@ -154,8 +132,9 @@ var ownerPattern = regexp.MustCompile(`^[^:\s]+:[0-9]+$`)
 // loadScope reads the locks naming the key, their pods and Redis.
 func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (*scope, error) {
 	s := &scope{
-		key: key, byUID: map[types.UID]*corev1.Pod{}, before: map[types.NamespacedName]*locksv1.DistributedLock{},
-		namespaces: map[string]bool{}, mayUse: map[string]bool{}, unwatched: map[types.UID]bool{}, gone: map[types.UID]types.NamespacedName{},
+		View:       decide.View{Key: key, ByUID: map[types.UID]*corev1.Pod{}, MayUse: map[string]bool{}, Selects: selectsPod},
+		before:     map[types.NamespacedName]*locksv1.DistributedLock{},
+		namespaces: map[string]bool{}, unwatched: map[types.UID]bool{}, gone: map[types.UID]types.NamespacedName{},
 		podByUID: r.podByUID,
 	}
 	var list locksv1.DistributedLockList
@@ -177,17 +156,24 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 			s.ungiven = append(s.ungiven, l)
 			continue
 		case !l.DeletionTimestamp.IsZero():
-			s.deleting = append(s.deleting, l)
+			s.Deleting = append(s.Deleting, l)
 		case !r.Keys.Permits(l.Namespace, key):
-			s.revoked = append(s.revoked, l)
+			s.Revoked = append(s.Revoked, l)
 		default:
-			s.locks = append(s.locks, l)
+			s.Locks = append(s.Locks, l)
 		}
 		s.namespaces[l.Namespace] = true
-		s.mayUse[l.Namespace] = r.Keys.Permits(l.Namespace, key)
+		s.MayUse[l.Namespace] = r.Keys.Permits(l.Namespace, key)
 		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
 	}
-	for _, l := range s.all() {
+	// A hold this process renews stays in the scope, its pod with it, until
+	// that pod stops, even once no lock of its namespace names the key (a
+	// finalizer removed by hand): it is then released, never renewed for
+	// ever. Its namespace takes no other part in the key (MayUse).
+	if g := r.grants.get(key); g != nil {
+		s.namespaces[g.Pod.Namespace] = true
+	}
+	for _, l := range s.All() {
 		pods, err := r.podsOf(ctx, l)
 		if err != nil {
 			return nil, err
@@ -197,18 +183,18 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		}
 	}
 	for _, p := range s.pods {
-		if slices.ContainsFunc(s.selectors(p), grantsFor) {
-			s.candidates = append(s.candidates, p)
+		if slices.ContainsFunc(s.SelectorsOf(p), decide.GrantsFor) {
+			s.Candidates = append(s.Candidates, p)
 		}
 	}
-	slices.SortFunc(s.candidates, func(a, b *corev1.Pod) int {
+	slices.SortFunc(s.Candidates, func(a, b *corev1.Pod) int {
 		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
-	s.candidateAt = make(map[types.UID]int, len(s.candidates))
-	for i, p := range s.candidates {
+	s.candidateAt = make(map[types.UID]int, len(s.Candidates))
+	for i, p := range s.Candidates {
 		s.candidateAt[p.UID] = i
 	}
 	// After the candidates: a known holder found only now is none.
@@ -228,16 +214,18 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		return nil, err
 	}
 	r.holderToken(s)
-	s.grantee = r.granteeOf(s)
+	if g := r.grants.get(key); g != nil {
+		s.Memory = g.PodUID
+	}
+	s.grantee = s.Resolve().Grantee
 	return s, nil
 }
 
 // readRedis inspects the key and maps its owners to pods.
 func (s *scope) readRedis(ctx context.Context) error {
-	info, err := s.client.Inspect(ctx, s.key)
+	info, err := s.client.Inspect(ctx, s.Key)
 	switch {
 	case err != nil && strings.Contains(err.Error(), "WRONGTYPE"):
-		s.notALock = true
 		s.markNotALock()
 		return nil
 	case isRedisError(err):
@@ -246,11 +234,10 @@ func (s *scope) readRedis(ctx context.Context) error {
 	case err != nil: // an invalid name, which admission refuses
 		return err
 	}
-	s.info, s.holders = info, nil
+	s.info, s.Holders = info, nil
 	for _, h := range info.Holders {
 		owner := string(h.Owner)
 		if !ownerPattern.MatchString(owner) {
-			s.notALock = true
 			s.markNotALock()
 			return nil
 		}
@@ -259,7 +246,7 @@ func (s *scope) readRedis(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.holders = append(s.holders, holder{owner: h.Owner, podUID: uid, pod: pod})
+		s.Holders = append(s.Holders, holder{Owner: string(h.Owner), PodUID: uid, Pod: pod})
 	}
 	for _, w := range info.Waiters {
 		if i := strings.LastIndexByte(string(w), ':'); i > 0 {
@@ -277,19 +264,19 @@ func (s *scope) readRedis(ctx context.Context) error {
 // The token is then the one this process took, or the one the locks
 // recorded for that owner.
 func (r *DistributedLockReconciler) holderToken(s *scope) {
-	if len(s.holders) == 0 || s.info.Token != 0 {
+	if len(s.Holders) == 0 || s.info.Token != 0 {
 		return
 	}
-	h := s.holders[0]
-	if g := r.grants.get(s.key); g != nil && g.podUID == h.podUID && g.hold != nil && h.byController() {
+	h := s.Holders[0]
+	if g := r.grants.get(s.Key); g != nil && g.PodUID == h.PodUID && g.hold != nil && h.ByController() {
 		s.info.Token = g.hold.Token()
 		return
 	}
-	for _, l := range s.all() {
-		if st := l.Status.Holder; st != nil && st.OwnerID == string(h.owner) {
+	for _, l := range s.All() {
+		if st := l.Status.Holder; st != nil && st.OwnerID == string(h.Owner) {
 			s.info.Token = max(s.info.Token, st.Token)
 		}
-		if g := l.Status.Grant; g != nil && h.byController() && g.PodUID == string(h.podUID) {
+		if g := l.Status.Grant; g != nil && h.ByController() && g.PodUID == string(h.PodUID) {
 			s.info.Token = max(s.info.Token, g.Token)
 		}
 	}
@@ -297,16 +284,16 @@ func (r *DistributedLockReconciler) holderToken(s *scope) {
 
 // addPod adds a pod to the scope, once.
 func (s *scope) addPod(p *corev1.Pod) {
-	if s.byUID[p.UID] == nil {
+	if s.ByUID[p.UID] == nil {
 		s.pods = append(s.pods, p)
-		s.byUID[p.UID] = p
+		s.ByUID[p.UID] = p
 	}
 }
 
 // ownerPod is the pod of the scope's namespaces with the UID an owner ID in
 // Redis starts with, or nil: it is added to the scope if it was not in it.
 func (s *scope) ownerPod(ctx context.Context, uid types.UID) (*corev1.Pod, error) {
-	if p := s.byUID[uid]; p != nil {
+	if p := s.ByUID[uid]; p != nil {
 		return p, nil
 	}
 	p, err := s.podByUID(ctx, uid)
@@ -317,18 +304,10 @@ func (s *scope) ownerPod(ctx context.Context, uid types.UID) (*corev1.Pod, error
 	return p, nil
 }
 
-// markNotALock shows that the key holds something else, and nothing of it.
+// markNotALock records that the key holds data that is not a lock, so
+// nothing of it is shown or acted on (computeStatuses shows KeyInUse).
 func (s *scope) markNotALock() {
-	s.holders = nil
-	for _, l := range s.locks {
-		l.Status.Key = s.key
-		l.Status.Holder, l.Status.Waiting, l.Status.Blocked, l.Status.WaitingCount = nil, nil, nil, 0
-		for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
-			meta.RemoveStatusCondition(&l.Status.Conditions, c)
-		}
-		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "KeyInUse",
-			"the Redis key holds data that is not a lock; choose another spec.key")
-	}
+	s.notALock, s.Holders = true, nil
 }
 
 // reread inspects the key again after it changed under a phase.
@@ -342,92 +321,12 @@ func (s *scope) reread(ctx context.Context) error {
 	return nil
 }
 
-// locksIn are the scope's live locks in the namespace.
-func (s *scope) locksIn(namespace string) []*locksv1.DistributedLock {
-	return inNamespace(s.locks, namespace)
-}
-
-// selectors are the scope's locks that select the pod.
-func (s *scope) selectors(pod *corev1.Pod) []*locksv1.DistributedLock {
-	var out []*locksv1.DistributedLock
-	for _, l := range s.locksIn(pod.Namespace) {
-		if selects(l, pod) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// deletingIn are the scope's locks in the namespace being deleted.
-func (s *scope) deletingIn(namespace string) []*locksv1.DistributedLock {
-	return inNamespace(s.deleting, namespace)
-}
-
-// inNamespace are the locks of the namespace.
-func inNamespace(locks []*locksv1.DistributedLock, namespace string) []*locksv1.DistributedLock {
-	var out []*locksv1.DistributedLock
-	for _, l := range locks {
-		if l.Namespace == namespace {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// liftsGate reports whether the controller holds the key for the pod and
-// the lock, live and in mode Grant, gates it: the grant lifts its gate.
-func (s *scope) liftsGate(l *locksv1.DistributedLock, pod *corev1.Pod) bool {
-	h, ok := s.heldBy(pod.UID)
-	return ok && h.byController() && l.DeletionTimestamp.IsZero() && s.mayUse[l.Namespace] && grantsFor(l) &&
-		l.Namespace == pod.Namespace && hasGate(pod, locksv1.GateFor(l.Name))
-}
-
-// guards reports whether a lock of the scope in mode Grant gates the pod:
-// only a grant lifts a gate.
-func (s *scope) guards(pod *corev1.Pod) bool {
-	for _, l := range s.locksIn(pod.Namespace) {
-		if grantsFor(l) && hasGate(pod, locksv1.GateFor(l.Name)) {
-			return true
-		}
-	}
-	return false
-}
-
 // observedRunning reports whether a lock of the scope in mode Observe
 // selects the pod, and it runs: its client may take the key.
 func (s *scope) observedRunning(pod *corev1.Pod) bool {
-	return pod.Status.Phase == corev1.PodRunning && !stopped(pod) &&
-		slices.ContainsFunc(s.selectors(pod), func(l *locksv1.DistributedLock) bool { return !grantsFor(l) })
+	return pod.Status.Phase == corev1.PodRunning && !decide.Stopped(pod) &&
+		slices.ContainsFunc(s.SelectorsOf(pod), func(l *locksv1.DistributedLock) bool { return !decide.GrantsFor(l) })
 }
-
-// gatedByAny reports whether a live lock of the scope gates the pod.
-func (s *scope) gatedByAny(pod *corev1.Pod) bool {
-	return slices.ContainsFunc(s.locksIn(pod.Namespace), func(l *locksv1.DistributedLock) bool {
-		return hasGate(pod, locksv1.GateFor(l.Name))
-	})
-}
-
-// heldBy is the Redis holder that is the pod, if any.
-func (s *scope) heldBy(uid types.UID) (holder, bool) {
-	for _, h := range s.holders {
-		if h.podUID == uid {
-			return h, true
-		}
-	}
-	return holder{}, false
-}
-
-// holderPod is the pod holding the key in Redis, if it is in the scope.
-func (s *scope) holderPod() *corev1.Pod {
-	if len(s.holders) == 0 {
-		return nil
-	}
-	return s.holders[0].pod
-}
-
-// grantsFor reports whether the controller takes the lock for its candidates
-// (mode Grant), rather than leaving it to them (mode Observe).
-func grantsFor(lock *locksv1.DistributedLock) bool { return !lock.Spec.Observes() }
 
 // selects reports whether the lock selects the pod: by its candidate
 // selector, or, for a lock without one, by the pod naming it in its label
@@ -440,9 +339,8 @@ func selects(lock *locksv1.DistributedLock, pod client.Object) bool {
 	return selector != nil && selector.Matches(labels.Set(pod.GetLabels()))
 }
 
-func hasGate(pod *corev1.Pod, gate string) bool {
-	return slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == gate })
-}
+// selectsPod is selects for a pod, as decide.View asks it.
+func selectsPod(lock *locksv1.DistributedLock, pod *corev1.Pod) bool { return selects(lock, pod) }
 
 // keyMutex serialises reconciles per key.
 type keyMutex struct {

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // keyIndex indexes DistributedLocks by the key they name, after defaulting,
@@ -92,8 +93,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// controller-runtime's priority queue (v0.24.1) can deadlock on
 		// stop: a worker that left on shutdown still counts as waiting, so
 		// the queue blocks handing it an item while holding the lock the
-		// other workers' Done needs, and the manager never stops (seen in
-		// TestUnsharingAKeyKeepsARunningGrant's goroutine dump). The plain
+		// other workers' Done needs, and the manager never stops. The plain
 		// workqueue has no such state.
 		WithOptions(controller.TypedOptions[KeyRequest]{
 			MaxConcurrentReconciles: workers, UsePriorityQueue: ptr.To(false), RateLimiter: newAPIBackoff(),
@@ -138,7 +138,7 @@ func (r *DistributedLockReconciler) keysBesideLock(ctx context.Context, obj clie
 	}
 	var keys keyRequests
 	for i := range pods.Items {
-		if p := &pods.Items[i]; hasGate(p, locksv1.GateFor(obj.GetName())) {
+		if p := &pods.Items[i]; decide.HasGate(p, locksv1.GateFor(obj.GetName())) {
 			keys.addNamed(ctx, r, p.Namespace, locksOn(p))
 		}
 	}

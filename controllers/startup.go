@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
@@ -26,16 +27,18 @@ const defaultStartTimeout = 5 * time.Minute
 const evictionRetry = 5 * time.Second
 
 // watchStartup reports a holder the controller granted the lock to that has
-// not started within each lock's startTimeout, counted from when its last
-// gate was lifted, and evicts it if the lock opts in; the lock is released
-// once the pod is gone. A holder still behind a gate (waiting for its next
+// not started within the startTimeout of its policy lock (policyLock: the
+// lock that lifted its gate, gates or selects it), counted from when its
+// last gate was lifted, and evicts it if that lock opts in; the lock is
+// released once the pod is gone. Another lock naming the same key sets
+// neither: its policy is for its own pods. A holder still behind a gate (waiting for its next
 // lock) is waiting, not late. One that started and then crash-loops is
 // reported as such, never as not started. Until the deadline, it asks for
 // a look at the key when it falls.
 func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) error {
-	pod := s.holderPod()
-	for _, l := range s.locks {
-		if pod == nil || pod.Namespace != l.Namespace || !s.holders[0].byController() || stopped(pod) {
+	pod := s.HolderPod()
+	for _, l := range s.Locks {
+		if pod == nil || pod.Namespace != l.Namespace || !s.Holders[0].ByController() || decide.Stopped(pod) {
 			meta.RemoveStatusCondition(&l.Status.Conditions, locksv1.ConditionHolderStarted)
 			continue
 		}
@@ -55,19 +58,20 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 				fmt.Sprintf("%s holds the lock and waits behind its other scheduling gates: %s", pod.Name, strings.Join(names, ", ")))
 			continue
 		}
-		if started(pod) {
+		if decide.Started(pod) {
 			r.reportRestarts(s, l, pod)
 			continue
 		}
-		why := whyNotStarted(pod)
+		why := decide.WhyNotStarted(pod)
 		if len(problems) > 0 {
 			why = problems[0].message
 		}
+		policy := s.policyLock(pod)
 		timeout := defaultStartTimeout
-		if l.Spec.StartTimeout != nil {
-			timeout = l.Spec.StartTimeout.Duration
+		if policy != nil && policy.Spec.StartTimeout != nil {
+			timeout = policy.Spec.StartTimeout.Duration
 		}
-		since := lastMarked(pod)
+		since := decide.LastMarked(pod)
 		if since.IsZero() {
 			since = time.Now()
 		}
@@ -85,7 +89,7 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 			r.Recorder.Event(l, corev1.EventTypeWarning, "NotStarted", msg)
 		}
 		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionFalse, "NotStarted", msg)
-		if l.Spec.DeleteUnstarted && pod.DeletionTimestamp.IsZero() {
+		if l == policy && l.Spec.DeleteUnstarted && pod.DeletionTimestamp.IsZero() {
 			// Only the pod seen here, as seen here: a pod that started since,
 			// or a new pod of the same name, is not evicted.
 			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
@@ -118,7 +122,7 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 // loop), which a Warning Event tells once. It is never evicted for it: it
 // started, and a restart in place keeps the lock.
 func (r *DistributedLockReconciler) reportRestarts(s *scope, l *locksv1.DistributedLock, pod *corev1.Pod) {
-	which := restarting(pod)
+	which := decide.Restarting(pod)
 	if which == "" {
 		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionTrue, "Started", pod.Name+" has started")
 		return

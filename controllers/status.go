@@ -12,26 +12,43 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
-// computeStatuses sets each lock's status from the scope. A lock only ever
-// shows pods of its own namespace: a holder elsewhere is reported as such,
-// unnamed.
+// computeStatuses sets each lock's status from the scope, on every exit of
+// a reconcile that read Redis (redisFailed shows the others). A lock only
+// ever shows pods of its own namespace: a holder elsewhere is reported as
+// such, unnamed. Its Ready condition says, first, that the key holds data
+// that is not a lock (KeyInUse); else why a phase failed (failure); else
+// why the key is not usable though Redis answered (notReady).
 func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scope) {
-	holderPod := s.holderPod()
+	s.described = true
+	holderPod := s.HolderPod()
 	waiting, blocked := r.waiting(ctx, s)
 	r.tellWaiting(ctx, s, waiting, blocked)
+	r.tellFailure(s)
+	r.tellUnguarded(s)
 	queued := s.queued()
-	for _, l := range s.locks {
+	for _, l := range s.Locks {
 		st := &l.Status
-		st.Key = s.key
-		if s.notReady != nil {
+		st.Key = s.Key
+		switch {
+		case s.notALock:
+			setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, keyInUse.reason, keyInUse.message)
+		case s.failed != nil:
+			setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, s.failed.reason, s.failed.messageFor(l.Namespace))
+		case s.notReady != nil:
 			setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, s.notReady.reason, s.notReady.message)
-		} else {
+		default:
 			setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the key is this namespace's to use")
 		}
 		switch {
-		case len(s.holders) == 0:
+		case s.notALock:
+			st.Holder = nil
+			for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
+				meta.RemoveStatusCondition(&l.Status.Conditions, c)
+			}
+		case len(s.Holders) == 0:
 			st.Holder = nil
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionFalse, "Free", "Nobody holds the lock")
 		case holderPod != nil && holderPod.Namespace == l.Namespace:
@@ -42,6 +59,7 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 			setCondition(l, locksv1.ConditionHeld, metav1.ConditionTrue, "HeldElsewhere", "Held by an owner outside this namespace")
 		}
 		switch {
+		case s.notALock:
 		case s.conflict && s.grantee.Namespace == l.Namespace:
 			setCondition(l, locksv1.ConditionConflict, metav1.ConditionTrue, "HeldByAnother",
 				"Another owner holds the key in Redis, but pod "+s.grantee.Name+" was granted it and has not stopped; nobody else is granted the lock until it stops")
@@ -53,7 +71,7 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 		}
 		st.Waiting, st.Blocked = nil, nil
 		lockWaiting := waiting
-		if !grantsFor(l) {
+		if !decide.GrantsFor(l) {
 			lockWaiting = queued
 		}
 		for _, p := range lockWaiting {
@@ -62,7 +80,7 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 			}
 		}
 		for p, why := range blocked {
-			if p.Namespace == l.Namespace && hasGate(p, locksv1.GateFor(l.Name)) {
+			if p.Namespace == l.Namespace && decide.HasGate(p, locksv1.GateFor(l.Name)) {
 				st.Blocked = append(st.Blocked, locksv1.BlockedPod{PodName: p.Name, Reason: why})
 			}
 		}
@@ -71,9 +89,9 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 		// the first ones, the count all.
 		st.WaitingCount = int32(len(st.Waiting) + len(st.Blocked))
 		st.Waiting, st.Blocked = st.Waiting[:min(len(st.Waiting), maxListed)], st.Blocked[:min(len(st.Blocked), maxListed)]
-		r.Metrics.record(l, len(s.holders) > 0, int(st.WaitingCount))
+		r.Metrics.record(l, len(s.Holders) > 0, int(st.WaitingCount))
 	}
-	for _, l := range s.revoked {
+	for _, l := range s.Revoked {
 		r.revokedStatus(s, l)
 	}
 }
@@ -84,9 +102,9 @@ const maxListed = 100
 // holderStatus shows the key's holder, keeping the since-time of the same
 // ownership.
 func (s *scope) holderStatus(was *locksv1.LockHolder) *locksv1.LockHolder {
-	h := s.holders[0]
-	next := &locksv1.LockHolder{PodName: h.pod.Name, PodUID: string(h.podUID), OwnerID: string(h.owner),
-		GrantedByController: h.byController(), Token: s.info.Token, Since: metav1.Now()}
+	h := s.Holders[0]
+	next := &locksv1.LockHolder{PodName: h.Pod.Name, PodUID: string(h.PodUID), OwnerID: string(h.Owner),
+		GrantedByController: h.ByController(), Token: s.info.Token, Since: metav1.Now()}
 	if was != nil && was.OwnerID == next.OwnerID && was.Token == next.Token {
 		next.Since = was.Since
 	}
@@ -98,10 +116,10 @@ func (s *scope) holderStatus(was *locksv1.LockHolder) *locksv1.LockHolder {
 // (status.grant), and kept, until its pod stops (recordedGrantee).
 func (r *DistributedLockReconciler) revokedStatus(s *scope, l *locksv1.DistributedLock) {
 	st := &l.Status
-	st.Key = s.key
+	st.Key = s.Key
 	st.Holder, st.Waiting, st.Blocked, st.WaitingCount = nil, nil, nil, 0
 	setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "KeyNotPermitted", fmt.Sprintf(
-		"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", s.key, l.Namespace))
+		"spec.key %q is outside this namespace's keys (%s/...); use one of those, or ask the cluster administrator to share the key with this namespace (the manager's --shared-key flag)", s.Key, l.Namespace))
 	for _, c := range []string{locksv1.ConditionHeld, locksv1.ConditionConflict, locksv1.ConditionHolderStarted} {
 		meta.RemoveStatusCondition(&l.Status.Conditions, c)
 	}
@@ -113,7 +131,7 @@ func (r *DistributedLockReconciler) revokedStatus(s *scope, l *locksv1.Distribut
 func (r *DistributedLockReconciler) waiting(ctx context.Context, s *scope) (waiting []*corev1.Pod, blocked map[*corev1.Pod]string) {
 	blocked = map[*corev1.Pod]string{}
 	for _, p := range s.pods {
-		if _, holds := s.heldBy(p.UID); holds || (s.grantee != nil && p.UID == s.grantee.UID) || !s.mayUse[p.Namespace] {
+		if _, holds := s.HeldBy(p.UID); holds || (s.grantee != nil && p.UID == s.grantee.UID) || !s.MayUse[p.Namespace] {
 			continue
 		}
 		why, err := r.whyWaits(ctx, s, p)
@@ -121,7 +139,7 @@ func (r *DistributedLockReconciler) waiting(ctx context.Context, s *scope) (wait
 		case err != nil || why == stopping:
 		case why == "" && isCandidate(s, p):
 			waiting = append(waiting, p)
-		case why != "" && s.gatedByAny(p):
+		case why != "" && s.GatedByAny(p):
 			blocked[p] = why
 		}
 	}
@@ -143,7 +161,7 @@ func (s *scope) queued() []*corev1.Pod {
 	for _, owner := range s.info.Waiters {
 		id := string(owner)
 		if i := strings.LastIndexByte(id, ':'); i > 0 {
-			if p := s.byUID[types.UID(id[:i])]; p != nil && !slices.Contains(out, p) {
+			if p := s.ByUID[types.UID(id[:i])]; p != nil && !slices.Contains(out, p) {
 				out = append(out, p)
 			}
 		}

@@ -12,6 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+
+	"github.com/lockwarden/lockwarden/controllers/decide"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
@@ -25,26 +27,26 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 	// the grant while it runs: the record stays, without a hold, so that the
 	// pod stays known (knownHolders) even if the cache lacks it, until it
 	// stops or the key is held for it again.
-	if g := r.grants.get(s.key); g != nil && g.hold == nil {
-		if p := s.byUID[g.podUID]; p == nil || stopped(p) {
-			r.grants.drop(s.key, g.podUID)
+	if g := r.grants.get(s.Key); g != nil && g.hold == nil {
+		if p := s.ByUID[g.PodUID]; p == nil || decide.Stopped(p) {
+			r.grants.drop(s.Key, g.PodUID)
 		}
 	} else if g != nil {
-		h, held := s.heldBy(g.podUID)
-		if g.hold.Err() != nil || !held || !h.byController() {
-			r.grants.drop(s.key, g.podUID)
-			if p := s.byUID[g.podUID]; p != nil && !released(g.hold) {
+		h, held := s.HeldBy(g.PodUID)
+		if g.hold.Err() != nil || !held || !h.ByController() {
+			r.grants.drop(s.Key, g.PodUID)
+			if p := s.ByUID[g.PodUID]; p != nil && !released(g.hold) {
 				// Not for a namespace that may no longer use the key.
-				if !stopped(p) && s.mayHoldGrant(p) {
-					r.grants.put(s.key, &grant{podUID: g.podUID, pod: g.pod})
+				if !decide.Stopped(p) && s.MayHoldGrant(p) {
+					r.grants.put(s.Key, &grant{PodUID: g.PodUID, Pod: g.Pod})
 				}
 				cause := redislock.ErrNotOwner
 				if err := g.hold.Err(); err != nil {
 					cause = err
 				}
-				log.FromContext(ctx).Info("lost a lock held for a pod", "key", s.key, "pod", p.Name, "cause", cause.Error())
-				r.eventf(s, p.Namespace, corev1.EventTypeWarning, "Lost", "Lost %s held for pod %s: %s", s.key, p.Name, redactLoss(cause))
-				for _, l := range s.locksIn(p.Namespace) {
+				log.FromContext(ctx).Info("lost a lock held for a pod", "key", s.Key, "pod", p.Name, "cause", cause.Error())
+				r.eventf(s, p.Namespace, corev1.EventTypeWarning, "Lost", "Lost %s held for pod %s: %s", s.Key, p.Name, redactLoss(cause))
+				for _, l := range s.LocksIn(p.Namespace) {
 					r.Metrics.transition(l, "lost")
 				}
 			}
@@ -54,28 +56,28 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 	if pod == nil {
 		return nil
 	}
-	if h, ok := s.heldBy(pod.UID); ok && h.byController() {
+	if h, ok := s.HeldBy(pod.UID); ok && h.ByController() {
 		return r.adopt(ctx, s, pod)
 	}
-	if len(s.holders) == 0 {
+	if len(s.Holders) == 0 {
 		terms, c, err := r.clientFor(s, pod)
 		if err != nil {
 			return err
 		}
-		hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
+		hold, err := acquire(ctx, c, s.Key, ownerFor(pod.UID))
 		switch {
 		case err == nil:
 			r.remember(s, pod, terms, hold)
-			s.holders = []holder{{owner: ownerFor(pod.UID), podUID: pod.UID, pod: pod}}
+			s.Holders = []holder{{Owner: string(ownerFor(pod.UID)), PodUID: pod.UID, Pod: pod}}
 			s.info.Token, s.taken = hold.Token(), hold
 			r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
-				"Took %s again for pod %s, which was granted it and has not stopped, with fencing token %d", s.key, pod.Name, hold.Token())
+				"Took %s again for pod %s, which was granted it and has not stopped, with fencing token %d", s.Key, pod.Name, hold.Token())
 			return nil
 		case errors.Is(err, redislock.ErrWaitTimeout):
 			if err := s.reread(ctx); err != nil {
 				return err
 			}
-			if h, ok := s.heldBy(pod.UID); ok && h.byController() {
+			if h, ok := s.HeldBy(pod.UID); ok && h.ByController() {
 				return nil
 			}
 		default:
@@ -83,10 +85,10 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 		}
 	}
 	s.conflict = true
-	for _, l := range append(s.locksIn(pod.Namespace), s.deletingIn(pod.Namespace)...) {
+	for _, l := range append(s.LocksIn(pod.Namespace), s.DeletingIn(pod.Namespace)...) {
 		if !meta.IsStatusConditionTrue(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionConflict) {
 			r.Recorder.Eventf(l, corev1.EventTypeWarning, "Conflict",
-				"Another owner holds %s in Redis, but pod %s was granted it and has not stopped; nobody else is granted the lock until it stops", s.key, pod.Name)
+				"Another owner holds %s in Redis, but pod %s was granted it and has not stopped; nobody else is granted the lock until it stops", s.Key, pod.Name)
 		}
 	}
 	return nil
@@ -104,22 +106,22 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 // another holder's lease. Nobody else renews the controller's grants, so it
 // takes the key again for the pod under the lock's terms, with a new token.
 func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *corev1.Pod) error {
-	if g := r.grants.get(s.key); g != nil && g.podUID == pod.UID && g.hold != nil && g.hold.Err() == nil && g.hold.Token() == s.info.Token {
+	if g := r.grants.get(s.Key); g != nil && g.PodUID == pod.UID && g.hold != nil && g.hold.Err() == nil && g.hold.Token() == s.info.Token {
 		return nil
 	}
 	terms, c, err := r.clientFor(s, pod)
 	if err != nil {
 		return err
 	}
-	hold, err := acquire(ctx, c, s.key, ownerFor(pod.UID))
+	hold, err := acquire(ctx, c, s.Key, ownerFor(pod.UID))
 	retaken := false
 	if errors.Is(err, redislock.ErrLeaseMismatch) {
 		// Only the ownership the scope saw: one taken since is re-entered.
-		n, releaseErr := s.client.ForceReleaseOwnership(ctx, s.key, string(pod.UID), s.info.Token)
+		n, releaseErr := s.client.ForceReleaseOwnership(ctx, s.Key, string(pod.UID), s.info.Token)
 		if releaseErr != nil {
 			return releaseErr
 		}
-		hold, err = acquire(ctx, c, s.key, ownerFor(pod.UID))
+		hold, err = acquire(ctx, c, s.Key, ownerFor(pod.UID))
 		retaken = n > 0
 	}
 	if errors.Is(err, redislock.ErrWaitTimeout) {
@@ -137,20 +139,20 @@ func (r *DistributedLockReconciler) adopt(ctx context.Context, s *scope, pod *co
 	if retaken {
 		s.taken = hold
 		r.eventf(s, pod.Namespace, corev1.EventTypeNormal, "Reacquired",
-			"Took %s again for pod %s under the lock's new lease terms, with fencing token %d", s.key, pod.Name, hold.Token())
+			"Took %s again for pod %s under the lock's new lease terms, with fencing token %d", s.Key, pod.Name, hold.Token())
 		return nil
 	}
 	s.adopted = hold
-	log.FromContext(ctx).Info("adopted a lock held in Redis", "key", s.key, "pod", pod.Name, "token", hold.Token())
+	log.FromContext(ctx).Info("adopted a lock held in Redis", "key", s.Key, "pod", pod.Name, "token", hold.Token())
 	return nil
 }
 
 // remember records a grant and arranges for its loss to wake the locks
 // naming its key.
 func (r *DistributedLockReconciler) remember(s *scope, pod *corev1.Pod, terms leaseTerms, hold *handle) {
-	r.grants.put(s.key, &grant{podUID: pod.UID, pod: client.ObjectKeyFromObject(pod), hold: hold})
+	r.grants.put(s.Key, &grant{PodUID: pod.UID, Pod: client.ObjectKeyFromObject(pod), hold: hold})
 	r.Locks.track(terms, hold)
-	key := s.key
+	key := s.Key
 	context.AfterFunc(hold.Context(), func() {
 		if !released(hold) {
 			r.wake(key)
@@ -178,27 +180,38 @@ func redactLoss(err error) string {
 }
 
 // clientFor is the Client, and its lease terms, through which the key is
-// held for the pod: those of the lock that grants it to the pod, the first
-// by name of its namespace's locks that records lifting its gate, else
-// gates it, else selects it, else marked it. A grant keeps its own lock's
-// terms: another tenant's lock on a shared key cannot shorten it.
+// held for the pod: those of the pod's policy lock (policyLock), or the
+// API's defaults without one. A grant keeps its own lock's terms: another
+// tenant's lock on a shared key cannot shorten it.
 func (r *DistributedLockReconciler) clientFor(s *scope, pod *corev1.Pod) (leaseTerms, *redislock.Client, error) {
 	terms := defaultTerms
-	locks := append(append(s.locksIn(pod.Namespace), s.deletingIn(pod.Namespace)...), s.revoked...)
+	if l := s.policyLock(pod); l != nil {
+		terms = termsOf(l)
+	}
+	c, err := r.Locks.For(terms)
+	return terms, c, err
+}
+
+// policyLock is the lock whose per-lock policy (lease terms, start timeout,
+// eviction) applies to the pod's grant of the key: the first by name of its
+// namespace's locks that records lifting its gate from the pod, else gates
+// it, else selects it, else marked it; nil if none does. Another lock of
+// the namespace naming the same key, which neither gates nor selects the
+// pod, never sets its policy.
+func (s *scope) policyLock(pod *corev1.Pod) *locksv1.DistributedLock {
+	locks := append(append(s.LocksIn(pod.Namespace), s.DeletingIn(pod.Namespace)...), decide.InNamespace(s.Revoked, pod.Namespace)...)
 	for _, claims := range []func(*locksv1.DistributedLock) bool{
 		func(l *locksv1.DistributedLock) bool {
 			st := l.Status.Grant
 			return st != nil && st.GateLifted && st.PodUID == string(pod.UID)
 		},
-		func(l *locksv1.DistributedLock) bool { return hasGate(pod, locksv1.GateFor(l.Name)) },
+		func(l *locksv1.DistributedLock) bool { return decide.HasGate(pod, locksv1.GateFor(l.Name)) },
 		func(l *locksv1.DistributedLock) bool { return selects(l, pod) },
-		func(l *locksv1.DistributedLock) bool { return markedBy(pod, l.Name) },
+		func(l *locksv1.DistributedLock) bool { return decide.MarkedBy(pod, l.Name) },
 	} {
-		if i := slices.IndexFunc(locks, func(l *locksv1.DistributedLock) bool { return l.Namespace == pod.Namespace && claims(l) }); i >= 0 {
-			terms = termsOf(locks[i])
-			break
+		if i := slices.IndexFunc(locks, claims); i >= 0 {
+			return locks[i]
 		}
 	}
-	c, err := r.Locks.For(terms)
-	return terms, c, err
+	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
 // Known holders past the cache. The pod cache can lack a pod that runs:
@@ -29,10 +31,10 @@ type knownHolder struct {
 // namespace).
 func (r *DistributedLockReconciler) knownHolders(s *scope) []knownHolder {
 	var out []knownHolder
-	if g := r.grants.get(s.key); g != nil {
-		out = append(out, knownHolder{g.pod, g.podUID})
+	if g := r.grants.get(s.Key); g != nil {
+		out = append(out, knownHolder{g.Pod, g.PodUID})
 	}
-	for _, l := range s.all() {
+	for _, l := range s.All() {
 		if st := l.Status.Holder; st != nil && st.PodName != "" {
 			out = append(out, knownHolder{types.NamespacedName{Namespace: l.Namespace, Name: st.PodName}, types.UID(st.PodUID)})
 		}
@@ -52,7 +54,7 @@ func (r *DistributedLockReconciler) knownHolders(s *scope) []knownHolder {
 func (r *DistributedLockReconciler) addKnownHolders(ctx context.Context, s *scope) error {
 	looked := map[types.UID]bool{}
 	for _, known := range r.knownHolders(s) {
-		if s.byUID[known.uid] != nil || !s.namespaces[known.Namespace] || looked[known.uid] {
+		if s.ByUID[known.uid] != nil || !s.namespaces[known.Namespace] || looked[known.uid] {
 			continue
 		}
 		looked[known.uid] = true
@@ -98,11 +100,11 @@ func (r *DistributedLockReconciler) podPastCache(ctx context.Context, name types
 // that it runs outside the pod cache.
 func (r *DistributedLockReconciler) pollUnwatched(ctx context.Context, s *scope) {
 	// Only this key's reconcile, one at a time, reads or writes its entry.
-	before, _ := r.unwatchedWarned.Load(s.key)
+	before, _ := r.unwatchedWarned.Load(s.Key)
 	warned, _ := before.(map[types.UID]bool)
 	now := map[types.UID]bool{}
 	for _, p := range s.pods {
-		if s.unwatched[p.UID] && !stopped(p) {
+		if s.unwatched[p.UID] && !decide.Stopped(p) {
 			s.requeue(pollAfter(s.info.TTL))
 			now[p.UID] = true
 			if !warned[p.UID] {
@@ -111,14 +113,14 @@ func (r *DistributedLockReconciler) pollUnwatched(ctx context.Context, s *scope)
 		}
 	}
 	if len(now) > 0 {
-		r.unwatchedWarned.Store(s.key, now)
+		r.unwatchedWarned.Store(s.Key, now)
 	} else if warned != nil {
-		r.unwatchedWarned.Delete(s.key)
+		r.unwatchedWarned.Delete(s.Key)
 	}
 }
 
 func (r *DistributedLockReconciler) warnUnwatched(ctx context.Context, s *scope, pod *corev1.Pod) {
-	log.FromContext(ctx).Info("a holder's pod is not in the pod cache; polling the key for its stop", "key", s.key, "pod", pod.Name)
+	log.FromContext(ctx).Info("a holder's pod is not in the pod cache; polling the key for its stop", "key", s.Key, "pod", pod.Name)
 	r.eventf(s, pod.Namespace, corev1.EventTypeWarning, "HolderNotWatched",
-		"Pod %s holds %s, or was granted it, but the manager does not watch it (does it lack the --pod-label-selector labels?): it keeps the lock until it stops, which is looked for once a lease rather than seen at once", pod.Name, s.key)
+		"Pod %s holds %s, or was granted it, but the manager does not watch it (does it lack the --pod-label-selector labels?): it keeps the lock until it stops, which is looked for once a lease rather than seen at once", pod.Name, s.Key)
 }

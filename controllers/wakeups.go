@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
@@ -41,8 +43,12 @@ func (r *DistributedLockReconciler) watchReleases(ctx context.Context) error {
 			}
 			name := strings.TrimPrefix(msg.Channel, strings.TrimSuffix(releaseChannelPattern, "*"))
 			name = strings.TrimSuffix(strings.TrimPrefix(name, "{"), "}")
-			log.FromContext(ctx).V(1).Info("lock released in Redis", "key", name)
-			r.wake(name)
+			// A release of a key no lock names wakes nothing: every
+			// Redisson lock's release is published here.
+			if r.named(ctx, name) {
+				log.FromContext(ctx).V(1).Info("lock released in Redis", "key", name)
+				r.wake(name)
+			}
 		}
 	}
 }
@@ -133,4 +139,18 @@ func pollAfter(ttl time.Duration) time.Duration {
 		return expiryPollCap
 	}
 	return ttl + 50*time.Millisecond
+}
+
+// named reports whether a lock names the key, as the cache shows, or this
+// process holds it for a pod.
+func (r *DistributedLockReconciler) named(ctx context.Context, key string) bool {
+	if r.grants.get(key) != nil {
+		return true
+	}
+	var locks locksv1.DistributedLockList
+	if err := r.List(ctx, &locks, client.MatchingFields{keyIndex: key}, client.UnsafeDisableDeepCopy); err != nil {
+		log.FromContext(ctx).Error(err, "cannot list the locks naming a released key; waking it", "key", key)
+		return true
+	}
+	return len(locks.Items) > 0
 }

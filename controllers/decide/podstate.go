@@ -1,4 +1,4 @@
-package controllers
+package decide
 
 import (
 	"strings"
@@ -16,7 +16,7 @@ import (
 // again. Only a terminal phase, the object gone, or a deletion that has
 // terminated every container says it never will.
 
-// stopped reports whether the pod's containers can never run again: its
+// Stopped reports whether the pod's containers can never run again: its
 // phase is Succeeded or Failed; or it is being deleted, its kubelet has
 // reported a status for the deletion (status.observedGeneration has reached
 // the generation the deletion gave the pod), and every container (init,
@@ -31,7 +31,7 @@ import (
 // gone.) A pod that is gone has stopped too; callers see it as missing.
 // Stopped is final: no kubelet starts a container of a pod in a terminal
 // phase, nor of one it is deleting.
-func stopped(pod *corev1.Pod) bool {
+func Stopped(pod *corev1.Pod) bool {
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return true
 	}
@@ -73,18 +73,20 @@ func statusOf(name string, statuses []corev1.ContainerStatus) *corev1.ContainerS
 	return nil
 }
 
-// started reports whether the pod has started: it carries no scheduling
+// Started reports whether the pod has started: it carries no scheduling
 // gate, and every app container has run at least once. A container that
-// ran and then completed, or crashed and waits to be restarted, has
-// started; the pod is never "not started" again. A pod still behind a gate
-// (one waiting for its next lock) has not started: it is waiting.
-func started(pod *corev1.Pod) bool {
+// ran and then completed, or crashed and waits to be restarted (its
+// restart count above zero, whether or not the kubelet still reports its
+// last state), has started; the pod is never "not started" again. A pod
+// still behind a gate (one waiting for its next lock) has not started: it
+// is waiting.
+func Started(pod *corev1.Pod) bool {
 	if len(pod.Spec.SchedulingGates) > 0 || len(pod.Spec.Containers) == 0 {
 		return false
 	}
 	for _, c := range pod.Spec.Containers {
 		cs := statusOf(c.Name, pod.Status.ContainerStatuses)
-		if cs == nil || !(cs.State.Running != nil || ran(cs.State.Terminated) || ran(cs.LastTerminationState.Terminated)) {
+		if cs == nil || !(cs.State.Running != nil || cs.RestartCount > 0 || ran(cs.State.Terminated) || ran(cs.LastTerminationState.Terminated)) {
 			return false
 		}
 	}
@@ -97,9 +99,9 @@ func ran(t *corev1.ContainerStateTerminated) bool {
 	return t != nil && !t.StartedAt.IsZero()
 }
 
-// restarting names a container of the pod that waits to be restarted after
+// Restarting names a container of the pod that waits to be restarted after
 // it exited (a crash loop), with the kubelet's reason, or "".
-func restarting(pod *corev1.Pod) string {
+func Restarting(pod *corev1.Pod) string {
 	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
 		if w := cs.State.Waiting; w != nil && (ran(cs.LastTerminationState.Terminated) || cs.RestartCount > 0) {
 			return cs.Name + ": " + w.Reason
@@ -108,8 +110,8 @@ func restarting(pod *corev1.Pod) string {
 	return ""
 }
 
-// whyNotStarted says, from the pod's status, what keeps it from running.
-func whyNotStarted(pod *corev1.Pod) string {
+// WhyNotStarted says, from the pod's status, what keeps it from running.
+func WhyNotStarted(pod *corev1.Pod) string {
 	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
 		if w := cs.State.Waiting; w != nil && w.Reason != "" {
 			return w.Reason
@@ -126,14 +128,14 @@ func whyNotStarted(pod *corev1.Pod) string {
 	return "phase " + string(pod.Status.Phase)
 }
 
-// lastMarked is when the pod was last marked as a lock's holder: for a
+// LastMarked is when the pod was last marked as a lock's holder: for a
 // pod whose gates are all lifted, about when the last of them went and it
 // was free to start. Zero if no mark says so.
-func lastMarked(pod *corev1.Pod) time.Time {
+func LastMarked(pod *corev1.Pod) time.Time {
 	var latest time.Time
 	for k := range pod.Annotations {
 		if lock, ok := strings.CutPrefix(k, locksv1.SinceAnnotationPrefix); ok {
-			if t := markedAt(pod, lock); t.After(latest) {
+			if t := MarkedAt(pod, lock); t.After(latest) {
 				latest = t
 			}
 		}
@@ -141,16 +143,16 @@ func lastMarked(pod *corev1.Pod) time.Time {
 	return latest
 }
 
-// markedAt is when the pod was marked as the lock's holder for its present
+// MarkedAt is when the pod was marked as the lock's holder for its present
 // ownership, zero if the mark is missing or unreadable.
-func markedAt(pod *corev1.Pod, lock string) time.Time {
+func MarkedAt(pod *corev1.Pod, lock string) time.Time {
 	t, _ := time.Parse(time.RFC3339, pod.Annotations[locksv1.SinceAnnotationPrefix+lock])
 	return t
 }
 
-// stopTime is when the pod stopped, as far as the API shows: the last
+// StopTime is when the pod stopped, as far as the API shows: the last
 // container's end, or the last condition's change.
-func stopTime(pod *corev1.Pod) time.Time {
+func StopTime(pod *corev1.Pod) time.Time {
 	var latest time.Time
 	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
 		if t := cs.State.Terminated; t != nil && t.FinishedAt.After(latest) {
@@ -168,8 +170,8 @@ func stopTime(pod *corev1.Pod) time.Time {
 	return latest
 }
 
-// ourGates splits the pod's scheduling gates into lockwarden's (by lock
+// OurGates splits the pod's scheduling gates into lockwarden's (by lock
 // name) and everyone else's.
-func ourGates(pod *corev1.Pod) (locks []string, foreign []string) {
+func OurGates(pod *corev1.Pod) (locks []string, foreign []string) {
 	return locksv1.SplitGates(pod.Spec.SchedulingGates)
 }

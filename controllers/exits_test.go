@@ -1,0 +1,169 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// The status is computed on every exit of a reconcile: a failed phase or a
+// key that holds non-lock data still shows who holds the key and who waits,
+// with a reason and a Warning Event.
+
+// refusePodUpdates installs a ValidatingAdmissionPolicy that refuses every
+// update of a pod of the namespace labelled refuse-updates, as another
+// tool's webhook or a policy engine could, and waits until the API server
+// enforces it.
+func refusePodUpdates(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	inNamespace := &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "refuse-pod-updates-" + ns},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				NamespaceSelector: inNamespace,
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+				}}},
+			},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{
+				Name: "labelled", Expression: "has(object.metadata.labels) && 'refuse-updates' in object.metadata.labels",
+			}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "this pod's updates are refused"}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources:    &admissionregistrationv1.MatchResources{NamespaceSelector: inNamespace},
+		},
+	}
+	for _, obj := range []client.Object{policy, binding} {
+		if err := k8s.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), obj) })
+	}
+	probe := createPod(t, ns, "probe", "probe", withLabels(map[string]string{"app": "probe", "refuse-updates": "true"}))
+	seq := 0
+	eventually(t, "the refusing policy to be enforced", func() bool {
+		seq++
+		patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"probe":"%d"}}}`, seq))
+		return k8s.Patch(ctx, getPod(t, probe), client.RawPatch("application/merge-patch+json", patch)) != nil
+	})
+}
+
+// V2: when the API server refuses the manager's update of the pod it
+// granted the key to, the lock still shows the holder and who waits, is
+// not Ready with the reason PodUpdateRefused, and a Warning Event tells the
+// lock and the pod; the status describes this generation.
+func TestARefusedPodUpdateShowsOnTheLock(t *testing.T) {
+	ns := newNamespace(t)
+	refusePodUpdates(t, ns)
+	startManager(t)
+	lock := createLock(t, ns, "a", "web")
+	first := createPod(t, ns, "w1", "web", gatedBy("a"), withLabels(map[string]string{"app": "web", "refuse-updates": "true"}))
+	createPod(t, ns, "w2", "web", gatedBy("a"))
+	eventually(t, "the lock to show the refused update, the holder and the waiting pod", func() bool {
+		l := getLock(t, lock)
+		ready := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady)
+		held := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionHeld)
+		return ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == "PodUpdateRefused" &&
+			strings.Contains(ready.Message, "w1") && held != nil && held.Status == metav1.ConditionTrue &&
+			l.Status.Holder != nil && l.Status.Holder.PodName == "w1" && l.Status.WaitingCount == 1 &&
+			l.Status.ObservedGeneration == l.Generation && ready.ObservedGeneration == l.Generation
+	})
+	eventually(t, "a Warning Event on the lock and on the pod", func() bool {
+		return eventOn(t, ns, "DistributedLock", "a", "PodUpdateRefused") && eventOn(t, ns, "Pod", "w1", "PodUpdateRefused")
+	})
+	eventually(t, "the waiting pod to be told its place", func() bool { return eventOn(t, ns, "Pod", "w2", "Queued") })
+	if !gatedWith(getPod(t, first), gateFor("a")) {
+		t.Fatal("the refused pod lost its gate")
+	}
+}
+
+// V1: the pods behind a lock whose key holds data that is not a lock are
+// told so, with a Warning Event, and the lock counts them as waiting.
+func TestPodsBehindAKeyInUseAreTold(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t)
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	key := ns + "/counter"
+	if err := rdb.Set(context.Background(), key, "42", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lock := createLock(t, ns, "a", "web", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	createPod(t, ns, "w1", "web", gatedBy("a"))
+	eventually(t, "the lock to count the waiting pod, not Ready with KeyInUse", func() bool {
+		l := getLock(t, lock)
+		ready := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady)
+		return ready != nil && ready.Reason == "KeyInUse" && l.Status.WaitingCount == 1 && l.Status.Holder == nil
+	})
+	eventually(t, "the pod to be told why it waits", func() bool { return eventOn(t, ns, "Pod", "w1", "KeyInUse") })
+}
+
+// V6: a lock refused its key (the key is another namespace's) shows the
+// same status whatever the key holds in Redis, so a tenant cannot probe a
+// key it may not use for data.
+func TestARefusedLockShowsNothingOfItsKey(t *testing.T) {
+	owner, tenant := newNamespace(t), newNamespace(t)
+	startManager(t)
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	ctx := context.Background()
+	if err := rdb.HSet(ctx, owner+"/sessions", "user-secret-field", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, owner+"/counter", "42", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var locks []*locksv1.DistributedLock
+	for _, name := range []string{"sessions", "counter", "absent"} {
+		locks = append(locks, createLock(t, tenant, name, "web", func(l *locksv1.DistributedLock) { l.Spec.Key = owner + "/" + name }))
+	}
+	shown := func(l *locksv1.DistributedLock) string {
+		l = getLock(t, l)
+		var out []string
+		for _, c := range l.Status.Conditions {
+			out = append(out, fmt.Sprintf("%s=%s %s %s", c.Type, c.Status, c.Reason, strings.ReplaceAll(c.Message, l.Spec.Key, "KEY")))
+		}
+		return fmt.Sprintf("%v holder=%v waiting=%d", out, l.Status.Holder, l.Status.WaitingCount)
+	}
+	eventually(t, "every refused lock to show KeyNotPermitted", func() bool {
+		for _, l := range locks {
+			c := meta.FindStatusCondition(getLock(t, l).Status.Conditions, locksv1.ConditionReady)
+			if c == nil || c.Reason != "KeyNotPermitted" {
+				return false
+			}
+		}
+		return true
+	})
+	settle()
+	want := shown(locks[2])
+	for _, l := range locks[:2] {
+		if got := shown(l); got != want {
+			t.Errorf("lock %s on a key holding data shows\n%s\nand on an absent key\n%s", l.Name, got, want)
+		}
+	}
+	for _, reason := range []string{"KeyInUse", "RedisUnavailable"} {
+		if eventOn(t, tenant, "DistributedLock", "sessions", reason) || eventOn(t, tenant, "DistributedLock", "counter", reason) {
+			t.Errorf("a refused lock was told %s", reason)
+		}
+	}
+}

@@ -1,0 +1,89 @@
+package controllers
+
+import (
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// failure is why a phase of a reconcile failed, as the key's locks show it
+// in their Ready condition until a reconcile succeeds: a failed write is a
+// reason on the status, never a status left unwritten.
+type failure struct {
+	reason, message string
+	// pod is the pod whose update the API server refused, shown by name
+	// only to the locks of its namespace and told with an Event.
+	pod *corev1.Pod
+}
+
+// podUpdateError is the API server's refusal of the manager's update of a
+// pod (another tool's webhook, a policy engine, a quota on the pod).
+type podUpdateError struct {
+	pod *corev1.Pod
+	err error
+}
+
+func (e *podUpdateError) Error() string {
+	return fmt.Sprintf("update of pod %s/%s: %v", e.pod.Namespace, e.pod.Name, e.err)
+}
+
+func (e *podUpdateError) Unwrap() error { return e.err }
+
+// keyInUse is the Ready condition of the locks of a key that holds data that
+// is not a lock.
+var keyInUse = condition{"KeyInUse", "the Redis key holds data that is not a lock, so nothing is granted; choose another spec.key"}
+
+// failureOf is how the locks show that the phase failed with err, or nil
+// for a write that lost a race with another writer (an object changed
+// since it was read): that is ordinary, retried at once, and the status
+// computed from the read is shown as it is.
+func failureOf(phase string, err error) *failure {
+	var refused *podUpdateError
+	switch {
+	case apierrors.IsConflict(err):
+		return nil
+	case errors.As(err, &refused):
+		return &failure{reason: "PodUpdateRefused", pod: refused.pod, message: fmt.Sprintf(
+			"the API server refused the manager's update of pod %s, which holds the key: its marks are not written and its gate is not lifted until it accepts one (%s); another admission webhook or policy may refuse the manager's writes",
+			refused.pod.Name, apierrors.ReasonForError(refused.err))}
+	}
+	return &failure{reason: "ReconcileFailed", message: fmt.Sprintf(
+		"%s failed; it is retried, and the manager's log has the error", phase)}
+}
+
+// messageFor is the failure's message as the locks of the namespace read
+// it: another namespace's pod is not named.
+func (f *failure) messageFor(namespace string) string {
+	if f.pod != nil && f.pod.Namespace != namespace {
+		return "the API server refused the manager's update of the pod that holds the key, in another namespace; nothing is granted until it accepts one"
+	}
+	return f.message
+}
+
+// tellFailure sends one Warning Event for the failure on each lock of the
+// key whose Ready condition did not already show it, and on the pod it
+// concerns when one of its namespace's locks is told.
+func (r *DistributedLockReconciler) tellFailure(s *scope) {
+	f := s.failed
+	if f == nil {
+		return
+	}
+	toldPod := false
+	for _, l := range s.Locks {
+		was := meta.FindStatusCondition(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionReady)
+		if was != nil && was.Reason == f.reason {
+			continue
+		}
+		r.Recorder.Event(l, corev1.EventTypeWarning, f.reason, f.messageFor(l.Namespace))
+		if f.pod != nil && f.pod.Namespace == l.Namespace && !toldPod {
+			toldPod = true
+			r.Recorder.Event(f.pod, corev1.EventTypeWarning, f.reason, f.message)
+		}
+	}
+}
