@@ -102,7 +102,7 @@ test: test-deps manifests generate vet ## Run every test, with the race detector
 # the chart picks its gating policy from the cluster, and kustomize installs
 # config/without-gating-policy.
 .PHONY: test-k8s-oldest
-test-k8s-oldest: test-deps ## Run the install tests (make's install targets, the chart installed, upgraded and uninstalled, the README's commands) on a local plane of Kubernetes 1.30, the oldest supported; make test runs them on 1.36.
+test-k8s-oldest: test-deps ## Run the install tests (make's install targets, the chart installed, upgraded and uninstalled, the documentation's command blocks) on a local plane of Kubernetes 1.30, the oldest supported; make test runs them on 1.36.
 	KUBEBUILDER_ASSETS="$$(hack/setup-k8s-oldest.sh)" DEPLOY_CONFIG=config/without-gating-policy LOCKWARDEN_EXPECT_KUBERNETES=1.30 \
 	  $(GO) test -count=1 -timeout 40m -v ./test/install/
 
