@@ -9,6 +9,8 @@ CONTROLLER_TOOLS_VERSION ?= v0.21.0
 KUSTOMIZE_VERSION ?= v5.8.1
 HELM ?= $(LOCALBIN)/helm
 HELM_VERSION ?= v3.21.4
+CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs
+CRD_REF_DOCS_VERSION ?= v0.3.0
 
 export GOWORK = off
 GO ?= go
@@ -82,6 +84,10 @@ manifests: controller-gen ## Generate the CRD and RBAC manifests under config/ f
 generate: controller-gen ## Generate DeepCopy methods for the API types.
 	$(CONTROLLER_GEN) object paths="./api/..."
 
+.PHONY: api-docs
+api-docs: crd-ref-docs ## Write docs/api-reference.md from api/v1alpha1's types and comments (make test fails when it is out of date).
+	$(CRD_REF_DOCS) --source-path=api/v1alpha1 --config=hack/api-docs/config.yaml --renderer=markdown --output-path=docs/api-reference.md --log-level=WARN
+
 .PHONY: fmt
 fmt: ## Run gofmt on the code.
 	gofmt -l -w $$(git ls-files '*.go')
@@ -105,7 +111,7 @@ test: test-deps manifests generate vet ## Run every test, with the race detector
 # the chart picks its gating policy from the cluster, and kustomize installs
 # config/without-gating-policy.
 .PHONY: test-k8s-oldest
-test-k8s-oldest: test-deps ## Run the install tests (make's install targets, the chart installed, upgraded and uninstalled, the README's commands) on a local plane of Kubernetes 1.30, the oldest supported; make test runs them on 1.36.
+test-k8s-oldest: test-deps ## Run the install tests (make's install targets, the chart installed, upgraded and uninstalled, the documentation's command blocks) on a local plane of Kubernetes 1.30, the oldest supported; make test runs them on 1.36.
 	KUBEBUILDER_ASSETS="$$(hack/setup-k8s-oldest.sh)" DEPLOY_CONFIG=config/without-gating-policy LOCKWARDEN_EXPECT_KUBERNETES=1.30 \
 	  $(GO) test -count=1 -timeout 40m -v ./test/install/
 
@@ -270,7 +276,7 @@ $(CYCLONEDX_GOMOD): | $(LOCALBIN)
 ##@ Dependencies
 
 .PHONY: test-deps
-test-deps: redis envtest plane kustomize helm ## Install everything the tests need.
+test-deps: redis envtest plane kustomize helm crd-ref-docs ## Install everything the tests need.
 
 .PHONY: redis
 redis: ## Install redis-server 7.x (Debian's package) if it is missing.
@@ -288,6 +294,11 @@ plane: envtest ## Build kube-controller-manager, kube-scheduler and kwok for the
 controller-gen: $(CONTROLLER_GEN) ## Build controller-gen into bin/.
 $(CONTROLLER_GEN): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+
+.PHONY: crd-ref-docs
+crd-ref-docs: $(CRD_REF_DOCS) ## Build crd-ref-docs (the API reference's generator) into bin/.
+$(CRD_REF_DOCS): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) $(GO) install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
 
 .PHONY: kustomize
 kustomize: $(KUSTOMIZE) ## Build kustomize into bin/.

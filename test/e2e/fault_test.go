@@ -58,8 +58,8 @@ const (
 	faultRecovery = 3 * time.Minute
 	// faultBacklog is how many unfinished Jobs the run keeps at most.
 	faultBacklog = 6
-	// The managers' election and the locks' lease meet the README's
-	// failover inequality: 4s + 0.5s + start-up < 12s - 4s.
+	// The managers' election and the locks' lease meet the failover inequality of
+	// docs/concepts-and-guarantees.md: 4s + 0.5s + start-up < 12s - 4s.
 	faultElectionLease = 4 * time.Second
 	faultLockLease     = 12 * time.Second
 	// faultLeaseNamespace holds the managers' leader-election Lease.

@@ -26,7 +26,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/plane"
 )
 
-// The release, namespace and image the README's commands name.
+// The release, namespace and image the documented commands name.
 const (
 	releaseNS   = "lockwarden-system"
 	releaseName = "lockwarden"
@@ -90,8 +90,8 @@ func TestHelmUninstallWithTheManagerGone(t *testing.T) {
 	checkUninstalled(t)
 }
 
-// A kustomize install taken over by Helm with the README's commands, then
-// uninstalled as the README says, locks first while the manager runs.
+// A kustomize install taken over by Helm with installing.md's commands, then
+// uninstalled as operating.md says, locks first while the manager runs.
 func TestKustomizeInstallMovedToHelmAndUninstalled(t *testing.T) {
 	ctx := t.Context()
 	cleanSlate(t)
@@ -127,18 +127,18 @@ func TestKustomizeInstallMovedToHelmAndUninstalled(t *testing.T) {
 	checkUninstalled(t)
 }
 
-// A kustomize install uninstalled as the README says, the manager gone
-// first: the README's finalizer removal, then kustomize's delete.
+// A kustomize install uninstalled as operating.md says, the manager gone
+// first: its finalizer removal, then kustomize's delete.
 func TestKustomizeUninstallWithTheManagerGone(t *testing.T) {
 	ctx := t.Context()
 	cleanSlate(t)
 	m, _, _, lock := grantedLock(t, kustomizeInstall(t), "gone-")
 	m.kill()
 
-	// Step 1 waits for ever with no manager: the README's kubectl wait
+	// Step 1 waits for ever with no manager: operating.md's kubectl wait
 	// gives up; the finalizers are then removed as it says.
 	if out, err := readmeCommand(t, "uninstall-locks", 15*time.Second); err == nil {
-		t.Fatalf("deleting the locks with no manager succeeded; the README says it waits:\n%s", out)
+		t.Fatalf("deleting the locks with no manager succeeded; operating.md says it waits:\n%s", out)
 	}
 	runReadme(t, "uninstall-manager-gone")
 	eventually(t, 30*time.Second, "the lock gone", func() (bool, error) {
@@ -161,7 +161,7 @@ func grantedLock(t *testing.T, deploy *appsv1.Deployment, prefix string) (*podPr
 	return m, appNS, pod, lock
 }
 
-// kustomizeInstall deploys config/default with make deploy, as the README
+// kustomizeInstall deploys config/default with make deploy, as installing.md
 // says, and creates the Redis Secret.
 func kustomizeInstall(t *testing.T) *appsv1.Deployment {
 	t.Helper()
@@ -175,7 +175,7 @@ func kustomizeInstall(t *testing.T) *appsv1.Deployment {
 }
 
 // helmInstall creates the namespace and the Redis Secret and installs the
-// chart as the README says, with the test's image, and returns the
+// chart as installing.md says, with the test's image, and returns the
 // manager's Deployment once it is available.
 func helmInstall(t *testing.T, values ...string) *appsv1.Deployment {
 	t.Helper()
@@ -333,33 +333,32 @@ func stopKwokPods(t *testing.T) {
 	}
 }
 
-// runReadme runs the README's command block of that name, failing the test
-// if it fails.
+// runReadme runs the documentation's command block of that name, failing
+// the test if it fails.
 func runReadme(t *testing.T, name string) string {
 	t.Helper()
 	out, err := readmeCommand(t, name, 4*time.Minute)
 	if err != nil {
-		t.Fatalf("the README's %s: %v\n%s", name, err, out)
+		t.Fatalf("the documentation's block %s: %v\n%s", name, err, out)
 	}
 	return out
 }
 
-// readmeCommand runs the README's shell block marked
-// "<!-- test/install: NAME -->", as written, with bash in the repository,
-// with the plane's kubectl, bin/helm and lockwarden on the PATH.
+// readmeCommand runs the documentation's shell block marked
+// "<!-- test/install: NAME -->" (docBlock), as written, with bash in the
+// repository, with the plane's kubectl, bin/helm and lockwarden on the PATH.
 func readmeCommand(t *testing.T, name string, timeout time.Duration) (string, error) {
 	t.Helper()
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile("(?s)<!-- test/install: " + regexp.QuoteMeta(name) + " -->\n```sh\n(.*?)```").FindSubmatch(readme)
-	if m == nil {
-		t.Fatalf("the README has no command block %s", name)
-	}
-	script := string(m[1])
-	// On a cluster before 1.36, the README says to use another overlay
-	// wherever it says config/default; DEPLOY_CONFIG names it, as for make.
+	return runScript(t, docBlock(t, name), toolEnv(t), timeout)
+}
+
+// runScript runs a script with bash -euo pipefail in the repository, in the
+// environment env, killing the whole of it at the timeout.
+func runScript(t *testing.T, script string, env []string, timeout time.Duration) (string, error) {
+	t.Helper()
+	// On a cluster before 1.36, the documentation says to use another
+	// overlay wherever it says config/default; DEPLOY_CONFIG names it, as
+	// for make.
 	if overlay := os.Getenv("DEPLOY_CONFIG"); overlay != "" {
 		script = strings.ReplaceAll(script, "config/default", overlay)
 	}
@@ -367,7 +366,7 @@ func readmeCommand(t *testing.T, name string, timeout time.Duration) (string, er
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = root
-	cmd.Env = toolEnv(t)
+	cmd.Env = env
 	// At the timeout, the whole block: kubectl wait too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -375,7 +374,73 @@ func readmeCommand(t *testing.T, name string, timeout time.Duration) (string, er
 	return string(out), err
 }
 
-// toolEnv is the environment the README's commands run in: the plane's
+// docPages are the pages whose marked shell blocks the tests run.
+func docPages(t *testing.T) []string {
+	t.Helper()
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{filepath.Join(root, "README.md")}, pages...)
+}
+
+// docBlockMarker is the comment above a shell block that a test runs: in a
+// block quote too, where each line starts with "> ".
+var docBlockMarker = regexp.MustCompile(`(?m)^((?:> ?)*)<!-- test/install: ([a-z0-9-]+) -->\n`)
+
+// docBlocks returns every marked shell block of the README and docs/, by
+// name, each with the quote prefix of its lines removed. A marker not
+// followed by a sh block, or a name used twice, fails the test.
+func docBlocks(t *testing.T) map[string]string {
+	t.Helper()
+	blocks := map[string]string{}
+	for _, page := range docPages(t) {
+		data, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(data)
+		for _, m := range docBlockMarker.FindAllStringSubmatchIndex(text, -1) {
+			prefix, name := text[m[2]:m[3]], text[m[4]:m[5]]
+			lines := strings.Split(text[m[1]:], "\n")
+			if len(lines) == 0 || lines[0] != prefix+"```sh" {
+				t.Fatalf("%s: the marker %s is not followed by a sh block", page, name)
+			}
+			var body []string
+			closed := false
+			for _, line := range lines[1:] {
+				if strings.TrimRight(line, " ") == strings.TrimRight(prefix+"```", " ") {
+					closed = true
+					break
+				}
+				if !strings.HasPrefix(line, prefix) {
+					break
+				}
+				body = append(body, strings.TrimPrefix(line, prefix))
+			}
+			if !closed {
+				t.Fatalf("%s: the block %s is not closed", page, name)
+			}
+			if _, dup := blocks[name]; dup {
+				t.Fatalf("%s: a second block named %s", page, name)
+			}
+			blocks[name] = strings.Join(body, "\n") + "\n"
+		}
+	}
+	return blocks
+}
+
+// docBlock returns the marked shell block of that name.
+func docBlock(t *testing.T, name string) string {
+	t.Helper()
+	block, ok := docBlocks(t)[name]
+	if !ok {
+		t.Fatalf("neither the README nor docs/ has a command block %s", name)
+	}
+	return block
+}
+
+// toolEnv is the environment the documentation's commands run in: the plane's
 // kubectl and kubeconfig, bin/helm with a configuration of its own, and
 // the lockwarden command.
 func toolEnv(t *testing.T) []string {
@@ -389,7 +454,8 @@ func toolEnv(t *testing.T) []string {
 // tools is the directory toolsDir fills, in the test's scratch directory.
 var tools string
 
-// toolsDir is a directory holding kubectl, helm and lockwarden.
+// toolsDir is a directory holding kubectl, helm, lockwarden and the
+// kubectl-lockwarden plugin.
 func toolsDir(t *testing.T) string {
 	t.Helper()
 	if tools != "" {
@@ -409,6 +475,10 @@ func toolsDir(t *testing.T) string {
 	build.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building lockwarden: %v\n%s", err, out)
+	}
+	// kubectl runs it as the plugin `kubectl lockwarden` under this name.
+	if err := os.Symlink("lockwarden", filepath.Join(dir, "kubectl-lockwarden")); err != nil && !os.IsExist(err) {
+		t.Fatal(err)
 	}
 	tools = dir
 	return dir

@@ -75,7 +75,7 @@ func TestMakeInstallAndDeploy(t *testing.T) {
 		}
 	}
 
-	// The trial overlay, which the README deploys with DEPLOY_CONFIG, gets
+	// The trial overlay, which installing.md deploys with DEPLOY_CONFIG, gets
 	// the image too. Its Redis cannot run on kwok's fake nodes, so it is
 	// only built here.
 	var managers []string
@@ -152,7 +152,7 @@ func runAsDeployed(t *testing.T, deploy *appsv1.Deployment) {
 	ctx := t.Context()
 	ns, spec := deploy.Namespace, deploy.Spec.Template.Spec
 
-	// The Secret the README has users create, for this plane's Redis.
+	// The Secret the documentation has users create, for this plane's Redis.
 	createRedisSecret(t, ns)
 	m := startManager(t, deploy)
 
@@ -180,7 +180,7 @@ func runAsDeployed(t *testing.T, deploy *appsv1.Deployment) {
 	}
 }
 
-// createRedisSecret creates the Secret the README has users create, for
+// createRedisSecret creates the Secret the documentation has users create, for
 // this plane's Redis.
 func createRedisSecret(t *testing.T, ns string) {
 	t.Helper()
