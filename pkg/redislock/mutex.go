@@ -257,7 +257,10 @@ type acquireResult struct {
 	rank     int64         // when not: the call's place in the queue, from 0; -1 if not queued
 	// lapse, when not acquired and the call is queued behind others, is how
 	// soon every entry ahead of it lapses unless refreshed; -1 otherwise.
-	lapse time.Duration
+	// aheadUnseen is set instead when the attempt, which queued the call,
+	// did not look at the entries ahead (see acquire.lua).
+	lapse       time.Duration
+	aheadUnseen bool
 	// sent is when the attempt was sent: the lease started no earlier. For a
 	// hand-over, it is when the waiter's last attempt that found it still
 	// queued was sent, since the hand-over came after that attempt.
@@ -340,7 +343,7 @@ func (c *Client) tryAcquire(ctx context.Context, m *Mutex, call *lockCall, queue
 		lapse, _ := r[3].(int64)
 		res.lapse = time.Duration(lapse) * time.Millisecond
 		if lapse < 0 {
-			res.lapse = -1
+			res.lapse, res.aheadUnseen = -1, lapse == -2
 		}
 	default:
 		return acquireResult{}, unexpectedReply("acquire", reply)

@@ -82,8 +82,10 @@ type waiter struct {
 	handover   *handover // the latest received, not yet taken
 	// aheadLapses, if set, is when every entry ahead of the waiter lapses
 	// unless their waiters refresh them: then this one heads the queue, and
-	// must know it to act on a release message.
+	// must know it to act on a release message. aheadUnseen is set while
+	// the waiter has not learned it: it then acts on release messages too.
 	aheadLapses time.Time
+	aheadUnseen bool
 	// notBefore, if set, is when a race release lets the head take the
 	// lock: before that, clients outside the queue may (see races in
 	// scripts/lib.lua).
@@ -183,16 +185,17 @@ func (ws *waiting) exit(w *waiter) {
 	}
 }
 
-// released wakes the lock's waiter at the head of the queue, or one behind
-// entries that have all lapsed since. Waiters further back stay asleep: the
-// head takes the lock and the next one is notified.
+// released wakes the lock's waiter at the head of the queue, one behind
+// entries that have all lapsed since, or one that has not yet looked at the
+// entries ahead. Waiters further back stay asleep: the head takes the lock
+// and the next one is notified.
 func (ws *waiting) released(sub *subscription) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	now := time.Now()
 	for _, w := range sub.waiters {
 		w.releases++
-		if w.head || !w.aheadLapses.IsZero() && now.After(w.aheadLapses) {
+		if w.head || w.aheadUnseen || !w.aheadLapses.IsZero() && now.After(w.aheadLapses) {
 			w.signal()
 		}
 	}
@@ -282,7 +285,7 @@ func (ws *waiting) record(w *waiter, res acquireResult, notices, releases uint64
 	w.queuedSent = res.sent
 	w.lastToken = max(w.lastToken, res.token)
 	w.head = res.rank == 0 || w.notices != notices
-	w.aheadLapses = time.Time{}
+	w.aheadLapses, w.aheadUnseen = time.Time{}, res.aheadUnseen
 	if res.lapse >= 0 {
 		w.aheadLapses = res.sent.Add(res.lapse)
 	}

@@ -27,7 +27,8 @@
 -- others; -1 when it has no expiry; the call's place in the
 -- queue from 0 (-1: not queued), the holder's token (0 if not lockwarden's),
 -- and in ms how soon every entry ahead of the call lapses if their waiters
--- do not refresh them (-1 for the head, or a call too far back to look).
+-- do not refresh them (-1 for the head, or a call too far back to look;
+-- -2 for a call just queued behind others, which it has not looked at).
 -- Entries ahead that have lapsed are dropped first: a waiter that died
 -- while queued holds up nobody behind it, whether the lock is held or free.
 local owner, ticket, terms = ARGV[1], ARGV[2], ARGV[4]
@@ -155,7 +156,7 @@ if ttl == 0 then
   return {pttl, -1, token_of(f[2]) or 0, -1}
 end
 local now = now_ms()
-redis.call('zadd', KEYS[4], 'nx', now_us(), owner)
+local again = redis.call('zadd', KEYS[4], 'nx', now_us(), owner) == 0
 redis.call('hset', KEYS[5], owner, string.format('%d %s %d %s %s %s', now + ttl, lease, ttl, ARGV[6], ticket, terms))
 -- Both queue keys live two queue TTLs past the last refresh, and no waiter
 -- shortens what another's refresh set.
@@ -172,20 +173,40 @@ end
 if foreign then
   redis.call('hset', KEYS[5], '~foreign', now, '~probe', string.format('%d %d', now, probe_first / 2))
 end
-local rank = redis.call('zrank', KEYS[4], owner)
+-- The call's place, from the front of the queue, which also names the
+-- entries ahead of it (past lookahead, ZRANK tells the place alone).
+local front = redis.call('zrange', KEYS[4], 0, lookahead)
+local rank
+for i, id in ipairs(front) do
+  if id == owner then
+    rank = i - 1
+    break
+  end
+end
+rank = rank or redis.call('zrank', KEYS[4], owner)
+-- Drop the entries ahead that lapsed; the call learns how soon the rest
+-- lapse unless refreshed, when it would head the queue. A call just queued
+-- looks only at the head, and only when it is second: further back it
+-- learns it on its next attempt, or retries on a release message before
+-- that (lapse -2, see released in waiting.go).
 local lapse = -1
 if rank > 0 and rank <= lookahead then
-  -- Drop the entries ahead that lapsed; the call learns how soon the rest
-  -- lapse unless refreshed, when it would head the queue.
-  local ahead = redis.call('zrange', KEYS[4], 0, rank - 1)
-  local entries = redis.call('hmget', KEYS[5], unpack(ahead))
-  for i, id in ipairs(ahead) do
-    local at = parse_entry(entries[i])
-    if at and at > now then
-      lapse = math.max(lapse, at - now)
-    else
-      dequeue(id)
-      rank = rank - 1
+  local ahead = {front[1]}
+  if again then
+    ahead = {unpack(front, 1, rank)}
+  elseif rank > 1 then
+    ahead, lapse = {}, -2
+  end
+  if #ahead > 0 then
+    local entries = redis.call('hmget', KEYS[5], unpack(ahead))
+    for i, id in ipairs(ahead) do
+      local at = parse_entry(entries[i])
+      if at and at > now then
+        lapse = math.max(lapse, at - now)
+      else
+        dequeue(id)
+        rank = rank - 1
+      end
     end
   end
 end
