@@ -22,10 +22,17 @@ import (
 func redisWithUser(t *testing.T, password string) *redistest.Server {
 	t.Helper()
 	srv := redistest.Start(t)
+	addUser(t, srv, password)
+	return srv
+}
+
+// addUser adds the ACL user "lockwarden", which a restarted server has
+// lost (ACL SETUSER is not saved).
+func addUser(t *testing.T, srv *redistest.Server, password string) {
+	t.Helper()
 	if err := srv.Client(t).Do(context.Background(), "ACL", "SETUSER", "lockwarden", "on", ">"+password, "~*", "&*", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
-	return srv
 }
 
 // The manager is unready until Redis has answered it once, and its
@@ -86,6 +93,7 @@ func TestReadinessWaitsForRedisOnlyAtStart(t *testing.T) {
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
+	addUser(t, srv, "right")
 	waitGauge(right, 1)
 
 	// A manager that starts while Redis is down is unready, saying Redis
