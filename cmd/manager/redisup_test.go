@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -51,9 +52,9 @@ func TestReadinessWaitsForRedisOnlyAtStart(t *testing.T) {
 		}
 		watch.interval = 50 * time.Millisecond
 		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- watch.Start(ctx) }()
-		return watch, func() { cancel(); <-done; rdb.Close() }
+		done := make(chan struct{})
+		go func() { _ = watch.Start(ctx); close(done) }()
+		return watch, func() { cancel(); <-done; _ = rdb.Close() }
 	}
 	waitGauge := func(w *redisWatch, want float64) {
 		t.Helper()
@@ -65,7 +66,7 @@ func TestReadinessWaitsForRedisOnlyAtStart(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	ready := func(w *redisWatch) error { return w.readiness(httptest.NewRequest("GET", "/readyz", nil)) }
+	ready := func(w *redisWatch) error { return w.readiness(httptest.NewRequest(http.MethodGet, "/readyz", nil)) }
 
 	// A wrong password: unready, saying so, for as long as it is wrong.
 	wrong, stop := start("wrong")
