@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"net/http"
+	"os/exec"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,4 +59,61 @@ func TestCheck(t *testing.T) {
 		!strings.Contains(out, "may not list pods in namespace team-a") || !strings.Contains(out, "2 check(s) failed") {
 		t.Fatalf("--check as a ServiceAccount without RBAC: exit %d\n%s", code, out)
 	}
+}
+
+// The manager itself, started with a password Redis refuses: it is
+// unready (so a rollout waits and `helm install --wait` fails), and its log
+// says that Redis refuses its credentials, without the password.
+func TestManagerUnreadyWhileRedisRefusesItsCredentials(t *testing.T) {
+	cfg, _ := apiServer(t)
+	srv := redisWithUser(t, "right")
+	admin := writeKubeconfig(t, cfg, &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData})
+	probes := freeAddr(t)
+	cmd := exec.Command(managerBin, "--kubeconfig="+admin, "--metrics-bind-address=0", "--health-probe-bind-address="+probes)
+	cmd.Env = []string{"HOME=" + t.TempDir(), "REDIS_URL=redis://" + srv.Addr + "/0", "REDIS_USERNAME=lockwarden", "REDIS_PASSWORD=wrong-password"}
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	status := func(path string) int {
+		resp, err := http.Get("http://" + probes + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for status("/healthz") != http.StatusOK || !strings.Contains(out.String(), "Redis refuses the manager's credentials") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the manager did not serve its probes and log the refusal:\n%s", out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code := status("/readyz"); code != http.StatusInternalServerError {
+		t.Errorf("/readyz answers %d while Redis refuses the credentials", code)
+	}
+	if strings.Contains(out.String(), "wrong-password") {
+		t.Errorf("the password is in the log:\n%s", out.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a process's output and the test share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
