@@ -11,6 +11,10 @@ HELM ?= $(LOCALBIN)/helm
 HELM_VERSION ?= v3.21.4
 CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs
 CRD_REF_DOCS_VERSION ?= v0.3.0
+GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+GOLANGCI_LINT_VERSION ?= v2.15.0
+ACTIONLINT ?= $(LOCALBIN)/actionlint
+ACTIONLINT_VERSION ?= v1.7.12
 
 export GOWORK = off
 GO ?= go
@@ -99,6 +103,16 @@ vet: ## Run go vet on the main module, the benchmark module and the release tool
 	cd hack/tools/image && $(GO) vet ./...
 	cd hack/tools/release && $(GO) vet ./...
 	cd hack/tools/promql && $(GO) vet ./...
+
+# golangci-lint with .golangci.yml on the main module; CI's lint workflow
+# runs it, with actionlint and helm-lint.
+.PHONY: lint
+lint: golangci-lint ## Run golangci-lint (.golangci.yml) on the main module.
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: actionlint
+actionlint: $(ACTIONLINT) ## Check the GitHub workflows in .github/workflows with actionlint.
+	$(ACTIONLINT) -color=false
 
 .PHONY: test
 test: test-deps manifests generate vet ## Run every test, with the race detector, against real redis-server, envtest and the local control plane.
@@ -299,6 +313,24 @@ $(CONTROLLER_GEN): | $(LOCALBIN)
 crd-ref-docs: $(CRD_REF_DOCS) ## Build crd-ref-docs (the API reference's generator) into bin/.
 $(CRD_REF_DOCS): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) $(GO) install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
+
+# Each linter's version in the binary's name, so a version change in this
+# Makefile rebuilds it although bin/ is shared.
+.PHONY: golangci-lint
+golangci-lint: $(GOLANGCI_LINT) ## Build golangci-lint into bin/.
+$(GOLANGCI_LINT): $(GOLANGCI_LINT)-$(GOLANGCI_LINT_VERSION)
+	ln -sf $(notdir $<) $@
+$(GOLANGCI_LINT)-$(GOLANGCI_LINT_VERSION): | $(LOCALBIN)
+	tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && \
+	  GOBIN="$$tmp" $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) && \
+	  mv "$$tmp/golangci-lint" $@
+
+$(ACTIONLINT): $(ACTIONLINT)-$(ACTIONLINT_VERSION)
+	ln -sf $(notdir $<) $@
+$(ACTIONLINT)-$(ACTIONLINT_VERSION): | $(LOCALBIN)
+	tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && \
+	  GOBIN="$$tmp" $(GO) install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION) && \
+	  mv "$$tmp/actionlint" $@
 
 .PHONY: kustomize
 kustomize: $(KUSTOMIZE) ## Build kustomize into bin/.

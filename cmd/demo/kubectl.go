@@ -51,9 +51,9 @@ func (k *kubectl) exec(ctx context.Context, stdin io.Reader, args ...string) (st
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	text := out.String()
-	io.WriteString(k.out, text)
+	fmt.Fprint(k.out, text)
 	if text != "" && !strings.HasSuffix(text, "\n") {
-		io.WriteString(k.out, "\n")
+		fmt.Fprintln(k.out)
 	}
 	if err != nil {
 		if ctx.Err() != nil {

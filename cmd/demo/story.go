@@ -136,7 +136,7 @@ func (d *demo) pod(ctx context.Context, name string) (*corev1.Pod, error) {
 // the failure message.
 func (d *demo) waitFor(ctx context.Context, what, expected string, cond func() (bool, string, error)) error {
 	deadline := time.Now().Add(waitTimeout)
-	got := "nothing yet"
+	var got string // what cond last observed
 	for {
 		done, observed, err := cond()
 		if ctx.Err() != nil {

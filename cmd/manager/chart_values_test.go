@@ -685,9 +685,25 @@ func TestChartMutatingPolicyVersion(t *testing.T) {
 
 // NOTES.txt says what to do next: the Secret, the image, the gates.
 func TestChartNotes(t *testing.T) {
-	// helm template does not render NOTES.txt, and helm install
-	// --dry-run=client wants a cluster: a copy of the chart renders it into
-	// a ConfigMap with tpl, in the same context.
+	notes := func(args ...string) string { return chartNotes(t, args...) }
+	n := notes()
+	for _, want := range []string{"create secret generic lockwarden-redis", "--from-literal=url=", "publishes no image", "lockwarden-gate"} {
+		if !strings.Contains(n, want) {
+			t.Errorf("NOTES lack %q:\n%s", want, n)
+		}
+	}
+	n = notes("--set", "manager.image.repository=registry.example/lw", "--set", "admission.mutatingPolicyVersion=none", "--set", "crd.keep=false")
+	if strings.Contains(n, "publishes no image") || !strings.Contains(n, "registry.example/lw:") || !strings.Contains(n, "by hand") || !strings.Contains(n, "pre-delete hook") {
+		t.Errorf("NOTES:\n%s", n)
+	}
+}
+
+// chartNotes renders NOTES.txt with the values args give. helm template
+// does not render NOTES.txt, and helm install --dry-run=client wants a
+// cluster: a copy of the chart renders it into a ConfigMap with tpl, in the
+// same context.
+func chartNotes(t *testing.T, args ...string) string {
+	t.Helper()
 	chart := filepath.Join(t.TempDir(), "lockwarden")
 	if out, err := exec.Command("cp", "-R", chartDir, chart).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v\n%s", err, out)
@@ -704,20 +720,7 @@ func TestChartNotes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	notes := func(args ...string) string {
-		out := helm(t, append([]string{"template", "lockwarden", chart, "--namespace", "lockwarden-system", "--kube-version", kubeVersion, "--show-only", "templates/zz-notes.yaml"}, args...)...)
-		return string(out)
-	}
-	n := notes()
-	for _, want := range []string{"create secret generic lockwarden-redis", "--from-literal=url=", "publishes no image", "lockwarden-gate"} {
-		if !strings.Contains(n, want) {
-			t.Errorf("NOTES lack %q:\n%s", want, n)
-		}
-	}
-	n = notes("--set", "manager.image.repository=registry.example/lw", "--set", "admission.mutatingPolicyVersion=none", "--set", "crd.keep=false")
-	if strings.Contains(n, "publishes no image") || !strings.Contains(n, "registry.example/lw:") || !strings.Contains(n, "by hand") || !strings.Contains(n, "pre-delete hook") {
-		t.Errorf("NOTES:\n%s", n)
-	}
+	return string(helm(t, append([]string{"template", "lockwarden", chart, "--namespace", "lockwarden-system", "--kube-version", kubeVersion, "--show-only", "templates/zz-notes.yaml"}, args...)...))
 }
 
 // dist/chart/files holds copies of config/'s generated and opt-in

@@ -13,7 +13,12 @@
 //
 // `manager --uninstall` does not run the controller: it deletes every
 // DistributedLock before lockwarden is removed (see uninstaller), as the
-// chart's pre-delete hook runs it.
+// chart's pre-delete hook runs it. `manager --check` does not run it
+// either: it checks what the manager needs, as `helm test` runs it (see
+// runCheck).
+//
+// --watch-namespaces runs it in namespaced mode: it watches, caches and
+// writes only the DistributedLocks and pods of the namespaces listed.
 package main
 
 import (
@@ -26,12 +31,15 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -91,11 +99,15 @@ type options struct {
 
 	maxConcurrentReconciles int
 	podLabelSelector        string
+	watchNamespaces         string
 	pprofAddr               string
 
 	redisCfg           redisconn.Config
 	sentinels, cluster string
 	keys               controllers.KeyPolicy
+
+	// --check: check Redis and the DistributedLock API, and exit.
+	check bool
 
 	// --uninstall: delete every DistributedLock and exit.
 	uninstall        bool
@@ -125,12 +137,14 @@ func bindFlags(fs *flag.FlagSet) *options {
 	fs.DurationVar(&o.retry, "leader-elect-retry-period", 2*time.Second, "How often candidates try to take or renew the Lease; below the renew deadline / 1.2.")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles, "How many keys the controller settles at once; reconciles of one key never overlap.")
 	fs.StringVar(&o.podLabelSelector, "pod-label-selector", "", "Watch and cache only the pods with these labels (a label selector, such as lockwarden.dev/candidate=true), so memory follows the pods that take part in locks rather than every pod of the cluster. Every pod a lock selects or gates must then carry them: the controller sees no other pod. Empty: every pod.")
+	fs.StringVar(&o.watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces: watch, cache and write DistributedLocks and pods only in these (namespaced mode; the manager then needs Roles in these namespaces only, no ClusterRole). A lock elsewhere is left alone, and so is a pod elsewhere even if a lock's key is shared with its namespace. Empty: every namespace.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "Address to serve Go's pprof profiles on, such as 127.0.0.1:6060; empty turns it off.")
 	fs.StringVar(&o.sentinels, "redis-sentinel-addrs", "", "Comma-separated Sentinel addresses, instead of $REDIS_URL.")
 	fs.StringVar(&o.redisCfg.SentinelMaster, "redis-sentinel-master", "", "The master name the Sentinels watch.")
 	fs.StringVar(&o.cluster, "redis-cluster-addrs", "", "Comma-separated Redis Cluster node addresses, instead of $REDIS_URL.")
 	fs.BoolVar(&o.redisCfg.TLS, "redis-tls", false, "Use TLS with Sentinel or Cluster addresses (rediss:// implies it for a URL).")
 	fs.StringVar(&o.redisCfg.CAFile, "redis-ca-file", "", "PEM file of CAs to trust for Redis TLS, such as a mounted Secret's ca.crt.")
+	fs.BoolVar(&o.check, "check", false, "Do not run the controller: check that Redis accepts the configured credentials and that the DistributedLock API can be read (in --watch-namespaces, or cluster-wide), print each check's outcome, and exit 1 if one failed, saying which (the Helm chart's test, `helm test`).")
 	fs.BoolVar(&o.uninstall, "uninstall", false, "Do not run the controller: delete every DistributedLock, let the leading manager release them, and exit (the Helm chart's pre-delete hook). A lock still there after --uninstall-timeout, or at once when no manager leads, loses its finalizer; its hold in Redis then expires with its lease.")
 	fs.DurationVar(&o.uninstallTimeout, "uninstall-timeout", 2*time.Minute, "With --uninstall: how long the leading manager may take to release the locks.")
 	fs.StringVar(&o.uninstallLease, "uninstall-lease", "", "With --uninstall: NAMESPACE/NAME of the managers' leader-election Lease, which tells whether a manager leads; empty: $POD_NAMESPACE/"+leaderElectionID+", or if that is unset, wait for --uninstall-timeout.")
@@ -157,7 +171,41 @@ func (o *options) validate() error {
 	if _, err := o.pods(); err != nil {
 		return err
 	}
+	if _, err := o.namespaces(); err != nil {
+		return err
+	}
 	return checkLeaderElection(o.lease, o.renew, o.retry)
+}
+
+// namespaces are --watch-namespaces' namespaces, nil for every namespace.
+func (o *options) namespaces() ([]string, error) {
+	list := redisconn.SplitList(o.watchNamespaces)
+	seen := map[string]bool{}
+	for _, ns := range list {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return nil, fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
+		if seen[ns] {
+			return nil, fmt.Errorf("--watch-namespaces names %s twice", ns)
+		}
+		seen[ns] = true
+	}
+	return list, nil
+}
+
+// cacheOptions are the controller's cache settings (controllers.CacheOptions)
+// restricted to --watch-namespaces, if given: the cache then lists and
+// watches DistributedLocks and pods in those namespaces only, which the
+// Roles of namespaced mode allow.
+func cacheOptions(pods labels.Selector, namespaces []string) cache.Options {
+	opts := controllers.CacheOptions(pods)
+	if len(namespaces) > 0 {
+		opts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range namespaces {
+			opts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
+	return opts
 }
 
 // pods is the pod cache's filter from --pod-label-selector, nil for every
@@ -230,6 +278,13 @@ func main() {
 	}
 	defer rdb.Close()
 	log.Info("using Redis", "target", redisCfg.Target())
+	namespaces, _ := o.namespaces() // validated above
+	if o.check {
+		os.Exit(runCheck(rdb, redisCfg.Target(), namespaces, log))
+	}
+	if len(namespaces) > 0 {
+		log.Info("namespaced mode: watching only these namespaces", "namespaces", namespaces)
+	}
 
 	if limit, ok := setMemoryLimit(os.Getenv, cgroupMemoryFiles); ok {
 		log.Info("set the Go memory limit below the container's", "GOMEMLIMIT", limit)
@@ -241,7 +296,7 @@ func main() {
 	must(locksv1.AddToScheme(scheme))
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
-		Cache:                  controllers.CacheOptions(pods),
+		Cache:                  cacheOptions(pods, namespaces),
 		PprofBindAddress:       o.pprofAddr,
 		Metrics:                o.metricsServer(),
 		HealthProbeBindAddress: o.probeAddr,
@@ -281,11 +336,11 @@ func main() {
 		log.Error(err, "cannot set up the controller")
 		os.Exit(1)
 	}
-	must(mgr.AddHealthzCheck("healthz", healthz.Ping))
-	must(mgr.AddReadyzCheck("readyz", readiness))
 	watch, err := newRedisWatch(rdb, ctrl.Log.WithName("redis"), ctrlmetrics.Registry)
 	must(err)
 	must(mgr.Add(watch))
+	must(mgr.AddHealthzCheck("healthz", healthz.Ping))
+	must(mgr.AddReadyzCheck("redis-at-start", watch.readiness))
 	must(ctrlmetrics.Registry.Register(newStatusMetrics(mgr.GetCache(), mgr.Elected(), o.metricsLockNames, ctrl.Log.WithName("metrics"))))
 
 	log.Info("starting the manager")
@@ -355,18 +410,23 @@ func secretFromEnv(getenv func(string) string, direct, file string) (string, err
 	return secret, nil
 }
 
-// readiness is the manager's readiness: it answers once the process
-// serves. It does not follow Redis, deliberately. The manager serves no
-// traffic that readiness could steer (its metrics aside); what readiness
-// does decide is the PodDisruptionBudget's count of healthy replicas. Were
-// it to fail while Redis is down, every replica would be unready at once,
-// the budget would refuse every eviction, and a Redis outage would stall
-// the drain of every node that runs a manager, when restarting or moving
-// the managers would not bring Redis back. A Redis outage is shown where it
-// is acted on instead: the gauge lockwarden_redis_up (and the
-// LockwardenRedisDown alert), each lock's Ready condition and a Warning
-// Event on it, and the manager's log.
-var readiness healthz.Checker = healthz.Ping
+// runCheck runs `manager --check` and returns the exit code: 1 if a check
+// failed.
+func runCheck(rdb redis.UniversalClient, target string, namespaces []string, log logr.Logger) int {
+	scheme := runtime.NewScheme()
+	must(clientgoscheme.AddToScheme(scheme))
+	must(locksv1.AddToScheme(scheme))
+	api, err := client.New(ctrl.GetConfigOrDie(), client.Options{Scheme: scheme})
+	if err != nil {
+		log.Error(err, "cannot create a client")
+		return 1
+	}
+	c := &check{log: ctrl.Log.WithName("check"), rdb: rdb, target: target, api: api, namespaces: namespaces}
+	if c.run(ctrl.SetupSignalHandler()) > 0 {
+		return 1
+	}
+	return 0
+}
 
 // runUninstall runs `manager --uninstall` and returns the exit code.
 func runUninstall(o *options, log logr.Logger) int {

@@ -15,7 +15,9 @@ import (
 // (no docker, no network), against the image make image builds and against
 // the module: the same entrypoint, user, working directory and labels; a
 // static build stamped with the version; a Go as new as go.mod asks for;
-// and every directory the manager's packages live in copied into the build.
+// both bases pinned by digest, the builder on the build platform
+// cross-compiling for the target's; and every directory the manager's
+// packages live in copied into the build.
 func TestDockerfileMatchesImage(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
 	if err != nil {
@@ -50,8 +52,15 @@ func TestDockerfileMatchesImage(t *testing.T) {
 	if goVersion == nil {
 		t.Fatal("no go directive in go.mod")
 	}
-	if want := "FROM golang:" + string(goVersion[1]) + " AS builder"; builder[0] != want {
-		t.Errorf("builder stage %q, want %q (go.mod's go directive)", builder[0], want)
+	// The builder: go.mod's Go, pinned by digest, on the build machine's
+	// platform, cross-compiling for the target's.
+	if want := regexp.MustCompile(`^FROM --platform=\$BUILDPLATFORM golang:` + regexp.QuoteMeta(string(goVersion[1])) + `@sha256:[0-9a-f]{64} AS builder$`); !want.MatchString(builder[0]) {
+		t.Errorf("builder stage %q, want %s (go.mod's go directive, a digest, the build platform)", builder[0], want)
+	}
+	for _, arg := range []string{"ARG TARGETOS", "ARG TARGETARCH"} {
+		if !slices.Contains(builder, arg) {
+			t.Errorf("the builder lacks %q", arg)
+		}
 	}
 	build := ""
 	for _, line := range builder {
@@ -59,7 +68,7 @@ func TestDockerfileMatchesImage(t *testing.T) {
 			build = line
 		}
 	}
-	for _, want := range []string{"CGO_ENABLED=0", `-ldflags "-s -w -X main.version=${VERSION}"`, "-o manager ./cmd/manager"} {
+	for _, want := range []string{"CGO_ENABLED=0", "GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH}", `-ldflags "-s -w -X main.version=${VERSION}"`, "-o manager ./cmd/manager"} {
 		if !strings.Contains(build, want) {
 			t.Errorf("the build %q lacks %s", build, want)
 		}
@@ -98,8 +107,8 @@ func TestDockerfileMatchesImage(t *testing.T) {
 
 	// The final stage, against make image's config.
 	cfg := img.config.Config
-	if final[0] != "FROM gcr.io/distroless/static:nonroot" {
-		t.Errorf("final stage %q, want distroless static nonroot", final[0])
+	if !regexp.MustCompile(`^FROM gcr\.io/distroless/static:nonroot@sha256:[0-9a-f]{64}$`).MatchString(final[0]) {
+		t.Errorf("final stage %q, want distroless static nonroot pinned by digest", final[0])
 	}
 	entrypoint, _ := json.Marshal(cfg.Entrypoint)
 	for _, want := range []string{
@@ -126,7 +135,8 @@ func TestDockerfileMatchesImage(t *testing.T) {
 		}
 	}
 	if labels["org.opencontainers.image.version"] != "${VERSION}" || labels["org.opencontainers.image.revision"] != "${REVISION}" ||
-		labels["org.opencontainers.image.source"] != cfg.Labels["org.opencontainers.image.source"] || len(labels) != len(cfg.Labels) {
+		labels["org.opencontainers.image.source"] != cfg.Labels["org.opencontainers.image.source"] ||
+		labels["org.opencontainers.image.licenses"] != cfg.Labels["org.opencontainers.image.licenses"] || len(labels) != len(cfg.Labels) {
 		t.Errorf("Dockerfile labels %v, make image's %v", labels, cfg.Labels)
 	}
 }

@@ -133,6 +133,13 @@ func TestKustomizeUninstallWithTheManagerGone(t *testing.T) {
 	ctx := t.Context()
 	cleanSlate(t)
 	m, _, _, lock := grantedLock(t, kustomizeInstall(t), "gone-")
+	// One manager per cluster: a Helm release beside it is refused.
+	toolsDir(t)
+	if out, err := helmOutput(ctx, "install", releaseName, filepath.Join(root, "dist", "chart"), "-n", "second-system", "--create-namespace",
+		"--set", "manager.image.repository="+chartImage); err == nil || !strings.Contains(out, "already installed in this cluster, without Helm") {
+		t.Errorf("a Helm release beside the kustomize install: %v\n%s", err, out)
+	}
+	_ = k8s.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "second-system"}})
 	m.kill()
 
 	// Step 1 waits for ever with no manager: operating.md's kubectl wait

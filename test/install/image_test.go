@@ -279,6 +279,15 @@ func TestImage(t *testing.T) {
 	if v := cfg.Config.Labels["org.opencontainers.image.version"]; v != testVersion {
 		t.Errorf("version label %q, want %q", v, testVersion)
 	}
+	// The license label names LICENSE's license, as the chart's Artifact
+	// Hub annotation does (cmd/manager's TestChartLicense).
+	license, err := os.ReadFile(filepath.Join(root, "LICENSE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := cfg.Config.Labels["org.opencontainers.image.licenses"]; l != "Apache-2.0" || !strings.Contains(string(license), "Apache License\n                           Version 2.0, January 2004") {
+		t.Errorf("licenses label %q; LICENSE begins %.80q", l, license)
+	}
 	if img.refName != testVersion {
 		t.Errorf("the OCI index names the image %q, want the tag %q", img.refName, testVersion)
 	}

@@ -126,9 +126,35 @@ fail before anything is applied. */}}
 {{- if and (eq $mode "standalone") $v.redis.tls.enable -}}
 {{- fail "redis.tls.enable is for Sentinel and Cluster; in standalone mode TLS comes from the Secret's url: rediss://" -}}
 {{- end -}}
+{{- /* The election timings, by client-go's rules, which the manager checks
+again at start (checkLeaderElection): caught here, a bad combination fails
+the render instead of crash-looping the manager. */ -}}
+{{- if $v.leaderElection.enable -}}
+{{- $lease := include "lockwarden.durationNs" $v.leaderElection.leaseDuration | float64 -}}
+{{- $renew := include "lockwarden.durationNs" $v.leaderElection.renewDeadline | float64 -}}
+{{- $retry := include "lockwarden.durationNs" $v.leaderElection.retryPeriod | float64 -}}
+{{- if or (le $lease 0.0) (le $renew 0.0) (le $retry 0.0) -}}
+{{- fail "leaderElection.leaseDuration, renewDeadline and retryPeriod must be above 0" -}}
+{{- end -}}
+{{- if ge $renew $lease -}}
+{{- fail (printf "leaderElection.renewDeadline (%s) must be below leaderElection.leaseDuration (%s), so the leader stops leading before a standby may take over" $v.leaderElection.renewDeadline $v.leaderElection.leaseDuration) -}}
+{{- end -}}
+{{- if ge (mulf $retry 1.2) $renew -}}
+{{- fail (printf "leaderElection.retryPeriod (%s) times 1.2 must be below leaderElection.renewDeadline (%s), so the leader gets to retry a failed renewal" $v.leaderElection.retryPeriod $v.leaderElection.renewDeadline) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.rbac.namespaced (empty $v.rbac.watchNamespaces) -}}
+{{- fail "rbac.namespaced needs rbac.watchNamespaces: the namespaces the manager watches and writes, e.g. --set 'rbac.watchNamespaces={team-a,team-b}'" -}}
+{{- end -}}
+{{- if and (not $v.rbac.namespaced) $v.rbac.watchNamespaces -}}
+{{- fail "rbac.watchNamespaces is set but rbac.namespaced is false: set rbac.namespaced=true to watch only those namespaces, with Roles in each instead of a ClusterRole" -}}
+{{- end -}}
+{{- if ne (len $v.rbac.watchNamespaces) (len (uniq $v.rbac.watchNamespaces)) -}}
+{{- fail "rbac.watchNamespaces names a namespace twice" -}}
+{{- end -}}
 {{- range $v.manager.extraArgs -}}
 {{- $flag := regexReplaceAll "=.*$" . "" -}}
-{{- if has $flag (list "--leader-elect" "--metrics-bind-address" "--health-probe-bind-address" "--redis-sentinel-addrs" "--redis-sentinel-master" "--redis-cluster-addrs" "--redis-ca-file" "--metrics-cert-path" "--uninstall") -}}
+{{- if has $flag (list "--leader-elect" "--metrics-bind-address" "--health-probe-bind-address" "--redis-sentinel-addrs" "--redis-sentinel-master" "--redis-cluster-addrs" "--redis-ca-file" "--metrics-cert-path" "--uninstall" "--check" "--watch-namespaces") -}}
 {{- fail (printf "manager.extraArgs may not set %s: the chart sets it from its values (see the chart's README)" $flag) -}}
 {{- end -}}
 {{- end -}}
@@ -155,20 +181,151 @@ tolerations:
 {{- end -}}
 
 {{/* The API version of the gating MutatingAdmissionPolicy: v1, v1beta1, or
-none when the cluster serves neither. With admission.mutatingPolicyVersion
-auto, the cluster's discovery decides; `helm template` without a cluster
-(whose API versions name no kinds) renders v1. */}}
+none. admission.mutatingPolicyVersion other than auto decides (for
+rendered-manifest pipelines that know their cluster). With auto, the
+cluster's API decides: v1 where it serves
+admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, else v1beta1 where
+it serves that, else none. `helm template` without a cluster knows no
+kinds (its API versions name none, not even v1/Pod, unless given with
+--api-versions): there the Kubernetes version decides (--kube-version),
+v1 from 1.36, where the API is GA and on; none before, since 1.34-1.35
+serve v1beta1 only with its feature gate, off by default (pass
+--api-versions admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy,
+or set the value, for a cluster that has it on). */}}
 {{- define "lockwarden.mutatingPolicyVersion" -}}
 {{- $v := .Values.admission.mutatingPolicyVersion -}}
+{{- $api := .Capabilities.APIVersions -}}
 {{- if ne $v "auto" -}}
 {{- $v -}}
-{{- else if not (.Capabilities.APIVersions.Has "v1/Pod") -}}
+{{- else if $api.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
 v1
-{{- else if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
-v1
-{{- else if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy" -}}
+{{- else if $api.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy" -}}
 v1beta1
+{{- else if $api.Has "v1/Pod" -}}
+none
+{{- else if semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version -}}
+v1
 {{- else -}}
 none
 {{- end -}}
+{{- end -}}
+
+{{/* A Go duration (values.schema.json's pattern: 15s, 1m30s, 500ms, 1.5h)
+in nanoseconds, as a float. */}}
+{{- define "lockwarden.durationNs" -}}
+{{- $units := dict "ns" 1.0 "us" 1000.0 "µs" 1000.0 "ms" 1000000.0 "s" 1000000000.0 "m" 60000000000.0 "h" 3600000000000.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h)" . -1 -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . | float64 -}}
+{{- $unit := regexReplaceAll "^[0-9]+(\\.[0-9]+)?" . "" -}}
+{{- $total = addf $total (mulf $number (get $units $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/* One manager per cluster. Every lockwarden install, by this chart or
+by kustomize (config/default), has the ValidatingAdmissionPolicy
+<prefix>-manager-writes, labelled app.kubernetes.io/part-of: lockwarden.
+If one exists that is not this release's (by Helm's ownership
+annotations), another manager already reconciles every lock of the
+cluster, and a second would grant them too, with its own leader election:
+the install is refused. `helm template` has no cluster and looks up
+nothing. A kustomize install taken over as the README says carries this
+release's annotations, and passes. */}}
+{{- define "lockwarden.onePerCluster" -}}
+{{- $policies := lookup "admissionregistration.k8s.io/v1" "ValidatingAdmissionPolicy" "" "" -}}
+{{- range ($policies.items | default list) -}}
+{{- if and (eq (dig "metadata" "labels" "app.kubernetes.io/part-of" "" .) "lockwarden") (hasSuffix "-manager-writes" .metadata.name) -}}
+{{- $release := dig "metadata" "annotations" "meta.helm.sh/release-name" "" . -}}
+{{- $namespace := dig "metadata" "annotations" "meta.helm.sh/release-namespace" "" . -}}
+{{- if not (and (eq $release $.Release.Name) (eq $namespace $.Release.Namespace)) -}}
+{{- if $release -}}
+{{- fail (printf "lockwarden is already installed in this cluster, by release %s in namespace %s (its ValidatingAdmissionPolicy %s): one manager per cluster, since a second one would grant every lock too. Upgrade that release (helm upgrade %s -n %s), or uninstall it first." $release $namespace .metadata.name $release $namespace) -}}
+{{- else -}}
+{{- fail (printf "lockwarden is already installed in this cluster, without Helm (its ValidatingAdmissionPolicy %s, from kubectl apply -k or make deploy): one manager per cluster, since a second one would grant every lock too. Remove that install first, or take it over into this release as the README says (Moving a kustomize install to Helm)." .metadata.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* How the manager reaches Redis, shared by the manager's container and
+the test pod's (`manager --check`), so `helm test` checks what the manager
+uses: the flags naming Redis, the environment (the URL and username from
+the Redis Secret; the password files' paths come from the manager's
+ConfigMap), and the Secrets' files. */}}
+{{- define "lockwarden.redisArgs" -}}
+{{- $redis := .Values.redis -}}
+{{- if eq $redis.mode "sentinel" }}
+- --redis-sentinel-addrs={{ join "," $redis.sentinel.addrs }}
+- --redis-sentinel-master={{ $redis.sentinel.masterName }}
+{{- else if eq $redis.mode "cluster" }}
+- --redis-cluster-addrs={{ join "," $redis.cluster.addrs }}
+{{- end }}
+{{- if $redis.tls.enable }}
+- --redis-tls
+{{- end }}
+{{- if $redis.tls.caSecret.name }}
+- --redis-ca-file=/etc/lockwarden/redis-ca/ca.crt
+{{- end }}
+{{- end -}}
+
+{{- define "lockwarden.redisEnv" -}}
+{{- $redis := .Values.redis -}}
+{{- if eq $redis.mode "standalone" }}
+- name: REDIS_URL
+  valueFrom:
+    secretKeyRef: {name: {{ $redis.secretName }}, key: url}
+{{- end }}
+- name: REDIS_USERNAME
+  valueFrom:
+    secretKeyRef: {name: {{ $redis.secretName }}, key: username, optional: true}
+{{- with $redis.sentinel.username }}
+- name: REDIS_SENTINEL_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "lockwarden.redisVolumeMounts" -}}
+{{- $redis := .Values.redis -}}
+- name: redis-password
+  mountPath: /etc/lockwarden/redis
+  readOnly: true
+{{- if $redis.sentinel.passwordSecret.name }}
+- name: redis-sentinel-password
+  mountPath: /etc/lockwarden/redis-sentinel
+  readOnly: true
+{{- end }}
+{{- if $redis.tls.caSecret.name }}
+- name: redis-ca
+  mountPath: /etc/lockwarden/redis-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "lockwarden.redisVolumes" -}}
+{{- $redis := .Values.redis -}}
+- name: redis-password
+  secret:
+    secretName: {{ $redis.secretName }}
+    items:
+    - {key: password, path: password}
+{{- with $redis.sentinel.passwordSecret }}
+{{- if .name }}
+- name: redis-sentinel-password
+  secret:
+    secretName: {{ .name }}
+    items:
+    - {key: {{ .key }}, path: password}
+{{- end }}
+{{- end }}
+{{- with $redis.tls.caSecret }}
+{{- if .name }}
+- name: redis-ca
+  secret:
+    secretName: {{ .name }}
+    items:
+    - {key: {{ .key }}, path: ca.crt}
+{{- end }}
+{{- end }}
 {{- end -}}

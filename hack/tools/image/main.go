@@ -293,8 +293,9 @@ func build(manager []byte, lb labels, arch string) (v1.Image, error) {
 	cfg.Config.User = nonrootUser
 	cfg.Config.WorkingDir = "/"
 	cfg.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   "lockwarden-manager",
-		"org.opencontainers.image.version": lb.version,
+		"org.opencontainers.image.title":    "lockwarden-manager",
+		"org.opencontainers.image.version":  lb.version,
+		"org.opencontainers.image.licenses": license,
 	}
 	if lb.source != "" {
 		cfg.Config.Labels["org.opencontainers.image.source"] = lb.source
@@ -304,6 +305,10 @@ func build(manager []byte, lb labels, arch string) (v1.Image, error) {
 	}
 	return mutate.ConfigFile(img, cfg)
 }
+
+// license is the project's license (LICENSE), as an SPDX expression for
+// the org.opencontainers.image.licenses label; the Dockerfile sets the same.
+const license = "Apache-2.0"
 
 // epoch is every timestamp in the image: -created.
 var epoch = time.Unix(0, 0).UTC()
