@@ -510,3 +510,71 @@ func TestMakeCLI(t *testing.T) {
 		t.Fatalf("kubectl-lockwarden --help:\n%s", stdout)
 	}
 }
+
+// docsBlock is a shell block of docs/cli.md and the marker before it:
+// "run", or "not run: REASON".
+type docsBlock struct {
+	marker, script string
+}
+
+// docsBlocks returns docs/cli.md's shell blocks. Each must carry a marker
+// comment, so none is left untested without saying why.
+func docsBlocks(t *testing.T) []docsBlock {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "cli.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := regexp.MustCompile("(?m)^```sh\n").FindAllIndex(doc, -1)
+	marked := regexp.MustCompile("(?s)<!-- cmd/lockwarden: (run|not run: [^>]+) -->\n```sh\n(.*?)```").FindAllSubmatch(doc, -1)
+	if len(marked) != len(all) {
+		t.Fatalf("docs/cli.md has %d shell blocks, %d of them marked <!-- cmd/lockwarden: run --> or <!-- cmd/lockwarden: not run: REASON -->", len(all), len(marked))
+	}
+	var blocks []docsBlock
+	for _, m := range marked {
+		blocks = append(blocks, docsBlock{string(m[1]), string(m[2])})
+	}
+	return blocks
+}
+
+// TestDocsCLI runs docs/cli.md's shell blocks marked to run, in order, as
+// written, with kubectl and the plugin on the PATH, against the scenario
+// the page describes: namespace batch, nightly-report-1 holding the lock
+// nightly-report, nightly-report-2 waiting.
+func TestDocsCLI(t *testing.T) {
+	blocks := docsBlocks(t)
+	c := testCluster(t)
+	c.newScenario(t, "batch")
+	dir := plugin(t)
+	if err := os.Symlink(binary, filepath.Join(dir, "lockwarden")); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of the kubeconfig, which the blocks may change.
+	kubeconfig := filepath.Join(t.TempDir(), "config")
+	if err := clientcmd.WriteToFile(*c.admin, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{
+		"PATH=" + dir + string(os.PathListSeparator) + c.assets + string(os.PathListSeparator) + os.Getenv("PATH"),
+		"KUBECONFIG=" + kubeconfig,
+	}
+	home := t.TempDir()
+	ran := 0
+	for i, b := range blocks {
+		if b.marker != "run" {
+			continue
+		}
+		ran++
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", b.script)
+		cmd.Dir = t.TempDir()
+		cmd.Env = append(os.Environ(), append(env, "HOME="+home, "GORACE=atexit_sleep_ms=0")...)
+		out, err := cmd.CombinedOutput()
+		t.Logf("block %d:\n%s\n%s", i, b.script, out)
+		if err != nil {
+			t.Fatalf("docs/cli.md block %d failed: %v\n%s\n%s", i, err, b.script, out)
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no block of docs/cli.md is marked to run")
+	}
+}
