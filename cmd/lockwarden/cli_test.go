@@ -115,7 +115,7 @@ func TestWhyContextPicksTheCluster(t *testing.T) {
 		t.Fatalf("lockwarden why in the context elsewhere: exit status %d, want %d naming 127.0.0.1:1\nstdout:\n%s\nstderr:\n%s", code, exitUnavailable, stdout, stderr)
 	}
 	code, _, stderr = cli(t, nil, "why", s.waiter, "--context", "nosuch", "--kubeconfig", kubeconfig)
-	if code != exitUnavailable || !strings.Contains(stderr, `"nosuch"`) {
+	if code != exitUnavailable || !strings.Contains(stderr, "context was not found for specified context: nosuch") {
 		t.Fatalf("lockwarden why --context nosuch: exit status %d, want %d naming the context; stderr:\n%s", code, exitUnavailable, stderr)
 	}
 }

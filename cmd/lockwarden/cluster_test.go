@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +21,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/envtestassets"
@@ -101,9 +103,15 @@ func startCluster() (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	// envtest logs through controller-runtime's logger; the manager's log
+	// is the one to read.
+	ctrllog.SetLogger(logr.Discard())
 	env := &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
+		// envtest's default, 20s, is too short for a loaded machine: a
+		// bound on a hang, not a performance assertion.
+		ControlPlaneStartTimeout: 2 * time.Minute,
 	}
 	if c.assets, err = envtestassets.Dir(context.Background(), root, os.Stderr); err != nil {
 		return nil, err
