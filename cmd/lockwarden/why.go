@@ -94,7 +94,7 @@ the CLI makes; -o jsonpath=... picks fields from it.`,
 
 func newFreeCmd(name string, kube *genericclioptions.ConfigFlags, streams genericiooptions.IOStreams) *cobra.Command {
 	var all, dryRun bool
-	print := genericclioptions.NewPrintFlags("freed")
+	print := genericclioptions.NewPrintFlags("")
 	cmd := &cobra.Command{
 		Use:   "free (-n NAMESPACE | -A)",
 		Short: "Lift lockwarden's scheduling gates from every pod of a namespace",
@@ -116,11 +116,6 @@ context's namespace is not enough for this.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if (*kube.Namespace == "") == !all {
 				return usageErrorf("give -n NAMESPACE or -A")
-			}
-			if dryRun {
-				if err := print.Complete("%s (dry run)"); err != nil {
-					return err
-				}
 			}
 			var printer printers.ResourcePrinter
 			if *print.OutputFormat != "" {
