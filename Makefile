@@ -175,6 +175,15 @@ MANAGER_LDFLAGS ?= -s -w
 manager: ## Build only the static manager binary into MANAGER_BIN (default bin/manager), stripped and stamped with VERSION.
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "$(MANAGER_LDFLAGS) -X main.version=$(VERSION)" -o $(MANAGER_BIN) ./cmd/manager
 
+# The CLI, built as the manager is (static, stripped, stamped with VERSION),
+# under both its names: kubectl runs kubectl-lockwarden for `kubectl
+# lockwarden`, and the binary names itself after the name it was run by.
+CLI_DIR ?= $(LOCALBIN)
+.PHONY: cli
+cli: ## Build the CLI into CLI_DIR (default bin/) as lockwarden and kubectl-lockwarden (the kubectl plugin), static, stripped and stamped with VERSION.
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags "$(MANAGER_LDFLAGS) -X main.version=$(VERSION)" -o $(CLI_DIR)/lockwarden ./cmd/lockwarden
+	cp $(CLI_DIR)/lockwarden $(CLI_DIR)/kubectl-lockwarden
+
 # GOOS=linux: the image runs on Linux whatever the host. The builder
 # refuses a binary that is not static and linux.
 .PHONY: image

@@ -22,8 +22,12 @@ import (
 )
 
 // binary is the lockwarden binary TestMain builds, with -race when the
-// tests run with it.
+// tests run with it, stamped with testVersion.
 var binary string
+
+// testVersion is the version TestMain stamps into the binary, as the
+// Makefile stamps VERSION.
+const testVersion = "v0.0.0-clitest"
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "lockwarden-test")
@@ -31,7 +35,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "lockwarden")
-	args := []string{"build", "-o", binary}
+	args := []string{"build", "-o", binary, "-ldflags", "-X main.version=" + testVersion}
 	if raceEnabled() {
 		args = append(args, "-race")
 	}
@@ -40,6 +44,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	stopCluster(code != 0)
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -1,149 +1,182 @@
 // Command lockwarden runs a command while holding a lockwarden Redis lock,
 // for jobs, such as CronJobs, that take the lock themselves instead of
-// waiting behind a DistributedLock's scheduling gate, and explains why a pod
-// waits behind one:
+// waiting behind a DistributedLock's scheduling gate, explains why a pod
+// waits behind one, and frees gated pods:
 //
 //	lockwarden run --lock NAME -- CMD [ARG...]
-//	lockwarden why [-n NAMESPACE] POD
-//	lockwarden free (-n NAMESPACE | -A)
+//	lockwarden why POD [-n NAMESPACE] [-o json|yaml]
+//	lockwarden free (-n NAMESPACE | -A) [--dry-run]
+//	lockwarden version
+//	lockwarden completion bash|zsh|fish
 //
-// `lockwarden run --help` documents the flags, the environment and the exit
-// statuses; `lockwarden why --help` and `lockwarden free --help` theirs.
+// Installed as kubectl-lockwarden it is a kubectl plugin: kubectl
+// lockwarden why POD -n NAMESPACE. The commands that talk to the API server
+// take kubectl's flags (--kubeconfig, --context, -n ...) anywhere on the
+// line. `lockwarden --help` lists the commands, `lockwarden COMMAND --help`
+// documents each.
 package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"os"
-	"time"
+	"path/filepath"
+	"strings"
 
-	"github.com/lockwarden/lockwarden/pkg/redislock"
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
-func main() { os.Exit(lockwarden(os.Args[1:])) }
+// version is the CLI's version, set at build time by the Makefile with
+// -ldflags "-X main.version=..."; a plain `go build` leaves "dev".
+var version = "dev"
 
-// lockwarden dispatches to the subcommand and returns the exit status.
-func lockwarden(args []string) int {
-	switch {
-	case len(args) > 0 && args[0] == "run":
-		return runMain(args[1:])
-	case len(args) > 0 && args[0] == "why":
-		return whyMain(args[1:], os.Stdout, os.Stderr)
-	case len(args) > 0 && args[0] == "free":
-		return freeMain(args[1:], os.Stdout, os.Stderr)
-	case len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help"):
-		usage(os.Stdout)
-		return 0
-	}
-	fmt.Fprint(os.Stderr, usageHint)
-	return exitUsage
+func main() {
+	os.Exit(execute(os.Args[0], os.Args[1:], genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}))
 }
 
-func runMain(args []string) int {
-	g, err := parseRun(args)
-	if errors.Is(err, flag.ErrHelp) {
-		usage(os.Stdout)
+// execute runs the command line args of the binary argv0 and returns the
+// exit status.
+func execute(argv0 string, args []string, streams genericiooptions.IOStreams) int {
+	root := newRoot(commandName(argv0), streams)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	var code exitCode
+	var usage usageError
+	switch {
+	case err == nil:
 		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "lockwarden run: %v\n%s", err, usageHint)
+	case errors.As(err, &code):
+		return int(code)
+	case errors.As(err, &usage):
+		fmt.Fprintf(streams.ErrOut, "%s: %v\n", cmd.CommandPath(), err)
+		if cmd == root {
+			fmt.Fprint(streams.ErrOut, synopsis(root.DisplayName()))
+		}
+		fmt.Fprintf(streams.ErrOut, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return exitUsage
+	default:
+		fmt.Fprintf(streams.ErrOut, "%s: %v\n", cmd.CommandPath(), err)
+		return exitUnavailable
 	}
-	return g.run()
 }
 
-// waitForever is guard.wait when neither --wait nor --skip is given.
-const waitForever time.Duration = -1
-
-// parseRun returns the guard the arguments of `run` describe, flag.ErrHelp
-// for --help, or a usage error.
-func parseRun(args []string) (*guard, error) {
-	g := &guard{}
-	var skip bool
-	fs := newFlagSet(g, &skip)
-	fs.SetOutput(io.Discard) // runMain reports errors, with the usage
-	if err := fs.Parse(args); err != nil {
-		return nil, err
+// commandName is the name the binary goes by: "kubectl lockwarden" when it
+// is installed as the kubectl plugin kubectl-lockwarden (kubectl runs
+// kubectl-NAME for `kubectl NAME`), else "lockwarden".
+func commandName(argv0 string) string {
+	base := strings.TrimSuffix(filepath.Base(argv0), ".exe")
+	if plugin, ok := strings.CutPrefix(base, "kubectl-"); ok && plugin != "" {
+		return "kubectl " + plugin
 	}
-	g.argv = fs.Args()
-	waitSet := false
-	fs.Visit(func(f *flag.Flag) { waitSet = waitSet || f.Name == "wait" })
-	switch {
-	case (g.lock == "") == (g.resource == ""):
-		return nil, errors.New("give one of --lock and --lock-resource")
-	case skip && waitSet:
-		return nil, errors.New("give --skip or --wait, not both")
-	case g.wait < 0:
-		return nil, errors.New("--wait must not be negative")
-	case g.grace < 0:
-		return nil, errors.New("--grace must not be negative")
-	case g.lease < redislock.MinLease || g.lease%time.Millisecond != 0:
-		return nil, fmt.Errorf("--lease must be a whole number of milliseconds, at least %v", redislock.MinLease)
-	case len(g.argv) == 0:
-		return nil, errors.New("no command to run; give it after --")
-	}
-	if skip {
-		g.wait = 0
-	} else if !waitSet {
-		g.wait = waitForever
-	}
-	return g, nil
+	return "lockwarden"
 }
 
-func newFlagSet(g *guard, skip *bool) *flag.FlagSet {
-	fs := flag.NewFlagSet("lockwarden run", flag.ContinueOnError)
-	fs.StringVar(&g.lock, "lock", "", "the Redis lock `name`; a DistributedLock's is its spec.key, else \"<namespace>/<name>\"")
-	fs.StringVar(&g.resource, "lock-resource", "", "instead of --lock: the lock \"$POD_NAMESPACE/<name>\" of the DistributedLock `name`\nin this pod's namespace, if its spec sets no key; give that lock spec.mode: Observe,\nso the controller shows and cleans up after this pod's hold instead of taking the lock")
-	fs.DurationVar(&g.wait, "wait", 0, "how long to wait while the lock is held elsewhere, then exit 75. Default: until\nit is free; in a CronJob, bound it here or with activeDeadlineSeconds")
-	fs.BoolVar(skip, "skip", false, "exit 75 at once if the lock is held elsewhere (--wait 0)")
-	fs.DurationVar(&g.grace, "grace", 10*time.Second, "how long CMD has after SIGTERM before SIGKILL")
-	fs.DurationVar(&g.lease, "lease", 30*time.Second, "the lock's lease, renewed every third of it: how long the lock outlives a\nlockwarden that dies, and about how soon losing Redis counts as losing the lock")
-	return fs
+// exitCode ends lockwarden with that status and no message: the command
+// has said what happened (run exits with CMD's status).
+type exitCode int
+
+func (s exitCode) Error() string { return fmt.Sprintf("exit status %d", int(s)) }
+
+// usageError is a command line lockwarden cannot run: exit status 2, with a
+// pointer to the command's help.
+type usageError struct{ error }
+
+func usageErrorf(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
 }
 
-// usageHint is printed after a usage error.
-const usageHint = usageLine + "Run 'lockwarden run --help' for the flags and exit statuses.\n"
+// newRoot returns the root command, called name ("lockwarden" or
+// "kubectl lockwarden"), with every subcommand.
+func newRoot(name string, streams genericiooptions.IOStreams) *cobra.Command {
+	root := &cobra.Command{
+		// Use is the binary's name, which completion scripts complete;
+		// help and errors show the display name.
+		Use:   strings.ReplaceAll(name, " ", "-"),
+		Short: "Distributed locks on Redis for Kubernetes: guard a job, explain a waiting pod, free gated pods",
+		Long: `lockwarden's command line, for the DistributedLock resource and its Redis locks:
+run guards a command in a job's container with a Redis lock; why explains
+why a pod waits behind lockwarden's scheduling gates; free lifts those gates
+(after uninstalling lockwarden).
 
-const usageLine = "Usage: lockwarden run [flags] -- CMD [ARG...]\n       lockwarden why [-n NAMESPACE] POD\n       lockwarden free (-n NAMESPACE | -A)\n"
+why and free read the cluster as kubectl does: --kubeconfig, --context,
+-n/--namespace and kubectl's other flags work anywhere on the line. run reads
+Redis and its pod from the environment instead (see '` + name + ` run --help').
 
-func usage(w io.Writer) {
-	fmt.Fprint(w, usageLine+`
-Runs CMD only while holding a lockwarden (Redisson-compatible) Redis lock. It
-takes the lock, then runs CMD with stdin, stdout and stderr passed through,
-and releases the lock when CMD exits. CMD's environment gets LOCKWARDEN_LOCK,
-the lock name, and LOCKWARDEN_FENCING_TOKEN, to pass to the resource it
-protects.
-
-If the lock is lost while CMD runs, CMD gets SIGTERM, then SIGKILL after
---grace. SIGTERM and SIGINT to lockwarden are passed on to CMD the same way,
-and the lock is released once CMD exits. CMD runs in its own process group,
-which the signals go to so they reach its children too; so it is not meant
-for interactive terminal programs.
-
-Redis and the pod come from the environment: REDIS_URL, or
-REDIS_SENTINEL_ADDRS with REDIS_SENTINEL_MASTER, or REDIS_CLUSTER_ADDRS;
-optionally REDIS_USERNAME, REDIS_PASSWORD or REDIS_PASSWORD_FILE, REDIS_TLS
-and REDIS_CA_FILE; and POD_UID, POD_NAME and POD_NAMESPACE from the downward
-API. The lock's owner ID is "<POD_UID>:<n>", so the DistributedLock controller
-shows the hold and releases it if the pod ends.
-
-Flags (- or --):
-`)
-	fs := newFlagSet(new(guard), new(bool))
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-	fmt.Fprint(w, `
 Exit status:
-  CMD's exit status, or 128+N if CMD was killed by signal N, as in shells
-  2    bad usage, or an invalid lock name
-  69   the environment or Redis failed before CMD ran
-  75   the lock is held elsewhere: --skip, or --wait ran out; CMD did not run
-  124  the lock was lost while CMD ran, and CMD died of the signals that
-       followed (a CMD that exits by itself then exits with its own status)
-  126  CMD could not be started
-  127  CMD was not found
-  128+N  lockwarden got signal N while waiting for the lock; CMD did not run
-`)
+  0    done
+  2    bad usage
+  69   the API server, the kubeconfig, the environment or Redis failed
+  run exits with CMD's status, or with its own (see '` + name + ` run --help').`,
+		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: name},
+		Version:       version,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			msg := fmt.Sprintf("unknown command %q", args[0])
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return usageError{errors.New(msg)}
+		},
+		RunE: func(*cobra.Command, []string) error { return usageErrorf("give a command") },
+		CompletionOptions: cobra.CompletionOptions{
+			// The completion command below replaces cobra's, to say how to
+			// install the script for the name the binary goes by.
+			DisableDefaultCmd: true,
+		},
+	}
+	root.SetIn(streams.In)
+	root.SetOut(streams.Out)
+	root.SetErr(streams.ErrOut)
+	root.SetVersionTemplate("{{.Version}}\n")
+	// Cobra's --version flag, declared here so that it has no -v.
+	root.Flags().Bool("version", false, "print the version and exit")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+
+	// The root runs only to report a missing command, so its help shows
+	// no "lockwarden [flags]" line; the subcommands' show theirs.
+	const runnableLine = "{{if .Runnable}}\n  {{.UseLine}}{{end}}"
+	if !strings.Contains(root.UsageTemplate(), runnableLine) {
+		panic("cobra's usage template changed: no " + runnableLine)
+	}
+	root.SetUsageTemplate(strings.Replace(root.UsageTemplate(), runnableLine, "{{if and .Runnable .HasParent}}\n  {{.UseLine}}{{end}}", 1))
+
+	kube := genericclioptions.NewConfigFlags(true)
+	kube.AddFlags(root.PersistentFlags())
+	registerKubeCompletions(root, kube)
+
+	root.AddCommand(
+		newRunCmd(name, streams),
+		newWhyCmd(name, kube, streams),
+		newFreeCmd(name, kube, streams),
+		newVersionCmd(name, streams),
+		newCompletionCmd(name, streams),
+	)
+	return root
+}
+
+// synopsis is the commands' usage lines, printed after a usage error of the
+// root.
+func synopsis(name string) string {
+	pad := strings.Repeat(" ", len("Usage: "))
+	return "Usage: " + name + " run (--lock NAME | --lock-resource NAME) [flags] -- CMD [ARG...]\n" +
+		pad + name + " why POD [-n NAMESPACE] [-o json|yaml]\n" +
+		pad + name + " free (-n NAMESPACE | -A) [--dry-run] [-o json|yaml|name]\n" +
+		pad + name + " version\n" +
+		pad + name + " completion bash|zsh|fish\n"
+}
+
+// exactArgs requires n arguments, else says what to give.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageErrorf("%s", what)
+		}
+		return nil
+	}
 }
