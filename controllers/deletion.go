@@ -72,7 +72,7 @@ func (r *DistributedLockReconciler) finishLift(ctx context.Context, s *scope, d 
 		return err
 	}
 	want := pod.DeepCopy()
-	setMarks(want, d.Name, string(h.Owner), s.info.Token)
+	setMarks(want, d.Name, h.Owner, s.info.Token)
 	liftGate(want, d.Name)
 	if err := r.patchPod(ctx, pod, want); err != nil {
 		return err

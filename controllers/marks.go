@@ -55,7 +55,7 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 			case holderPod != nil && pod.UID == holderPod.UID && !decide.Stopped(pod) &&
 				(selects(l, pod) || decide.HasGate(pod, locksv1.GateFor(l.Name)) || decide.MarkedBy(pod, l.Name)):
 				h := s.Holders[0]
-				setMarks(want, l.Name, string(h.Owner), s.info.Token)
+				setMarks(want, l.Name, h.Owner, s.info.Token)
 				if s.LiftsGate(l, pod) && decide.RecordsLift(l, pod) {
 					liftGate(want, l.Name)
 				}

@@ -273,7 +273,7 @@ func (r *DistributedLockReconciler) holderToken(s *scope) {
 		return
 	}
 	for _, l := range s.All() {
-		if st := l.Status.Holder; st != nil && st.OwnerID == string(h.Owner) {
+		if st := l.Status.Holder; st != nil && st.OwnerID == h.Owner {
 			s.info.Token = max(s.info.Token, st.Token)
 		}
 		if g := l.Status.Grant; g != nil && h.ByController() && g.PodUID == string(h.PodUID) {

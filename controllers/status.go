@@ -103,7 +103,7 @@ const maxListed = 100
 // ownership.
 func (s *scope) holderStatus(was *locksv1.LockHolder) *locksv1.LockHolder {
 	h := s.Holders[0]
-	next := &locksv1.LockHolder{PodName: h.Pod.Name, PodUID: string(h.PodUID), OwnerID: string(h.Owner),
+	next := &locksv1.LockHolder{PodName: h.Pod.Name, PodUID: string(h.PodUID), OwnerID: h.Owner,
 		GrantedByController: h.ByController(), Token: s.info.Token, Since: metav1.Now()}
 	if was != nil && was.OwnerID == next.OwnerID && was.Token == next.Token {
 		next.Since = was.Since

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -268,7 +269,12 @@ func runBinary(t *testing.T, path string, env []string, args ...string) (int, st
 	}
 	go func() { done <- cmd.Wait() }()
 	select {
-	case <-done:
+	case err := <-done:
+		// A non-zero exit is an error here; the caller judges the code.
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
 	case <-time.After(2 * hangGuard):
 		_ = cmd.Process.Kill()
 		t.Fatalf("%s %v did not exit within %v", filepath.Base(path), args, 2*hangGuard)

@@ -657,7 +657,7 @@ func read(s mState, r int) (mState, string, string) {
 		if pod.deleting || Stopped(c) {
 			continue
 		}
-		rep.target, rep.pc, rep.lift = int8(p), pcTake, pod.gate
+		rep.target, rep.pc, rep.lift = p, pcTake, pod.gate
 		return s, fmt.Sprintf("%s reads: the key is free; it grants p%d", name, p), ""
 	}
 	rep.pc = pcClear

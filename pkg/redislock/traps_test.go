@@ -270,7 +270,9 @@ func TestANonFinalUnlockInFlightHidesNoLoss(t *testing.T) {
 	if took := time.Since(lostAt); took > 3*time.Second {
 		t.Fatalf("the Hold learned of the loss %v after it, want within a renewal or two (500 ms each), not at its deadline", took.Round(time.Millisecond))
 	}
-	<-unlocked
+	if err := <-unlocked; err != nil {
+		t.Fatalf("the inner Unlock, a level of a lock force-released meanwhile = %v, want nil: its level was undone first", err)
+	}
 }
 
 // slowReleases holds the replies of release scripts back for delay.
