@@ -29,6 +29,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: registry -dir DIR -ca-file FILE [-v]")
 		os.Exit(2)
 	}
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "registry:", err)
+		os.Exit(1)
+	}
 	logger := log.New(io.Discard, "", 0)
 	if *verbose {
 		logger = log.New(os.Stderr, "registry: ", log.LstdFlags)
