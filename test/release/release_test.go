@@ -61,7 +61,7 @@ func TestReleaseIsReproducible(t *testing.T) {
 	checkSBOMs(t, a)
 	checkInstaller(t, a, digest)
 	checkChart(t, a, digest)
-	if notes := read(t, a, "release-notes.md"); notes != releaseNotes {
+	if notes := read(t, a, "release-notes.md"); strings.TrimSpace(notes) != strings.TrimSpace(releaseNotes) {
 		t.Errorf("release-notes.md is not the CHANGELOG's section for %s: %q", version, notes)
 	}
 }
