@@ -25,9 +25,11 @@ MANAGER_BIN ?= $(LOCALBIN)/manager
 # The manager image: `make image` builds it here, `make docker-build` with
 # docker; deploy and build-installer point the Deployment at it.
 IMG ?= $(IMAGE_REPO):$(VERSION)
-# Where releases' images go: the chart's and config/manager's default
-# repository. No image is published there yet; push your own.
-IMAGE_REPO ?= ghcr.io/lockwarden/manager
+# Where releases go (`make publish REGISTRY=...` pushes there): the manager
+# image's repository is the chart's and config/manager's default.
+REGISTRY ?= ghcr.io/lockwarden
+IMAGE_REPO ?= $(REGISTRY)/manager
+CLI_IMAGE_REPO ?= $(REGISTRY)/lockwarden-cli
 CONTAINER_TOOL ?= docker
 # Your kubectl and kubeconfig: install, deploy and their reverses act on the
 # cluster of its current context.
@@ -244,24 +246,37 @@ build-installer: manifests generate kustomize ## Write what deploy installs, wit
 #   image/, manager-image.oci.tar         the multi-arch OCI image index (and the layout as a tar),
 #                                         labelled with VERSION, SOURCE_URL and REVISION
 #   image-digest                          the index's digest
+#   kubectl-lockwarden_OS_ARCH.tar.gz     the CLI for CLI_PLATFORMS, stamped with VERSION, as
+#                                         kubectl-lockwarden (and LICENSE), for krew or by hand
+#   lockwarden.yaml                       the krew manifest: the archives at RELEASE_URL, their SHA-256
+#   cli-image/, cli-image-digest          the CLI's multi-arch image (/lockwarden, as the manager's
+#                                         image holds /manager), an OCI layout, and its digest
 #   install.yaml                          config/default with the image by tag and digest
-#   lockwarden-X.Y.Z.tgz                  the chart, appVersion VERSION, the image's digest pinned
-#   release-notes.md                      CHANGELOG.md's section for VERSION
-#   SHA256SUMS                            of all the files above
+#   lockwarden-X.Y.Z.tgz                  the chart, appVersion VERSION, image IMAGE_REPO, its digest pinned
+#   release-notes.md                      CHANGELOG's section for VERSION
+#   SHA256SUMS                            of all the files above (not the layouts' directories)
 # Every timestamp is the commit's (SOURCE_DATE_EPOCH), so the same commit,
 # Go and VERSION give the same bytes: test/release builds it twice and
-# compares. Push with e.g. `crane push RELEASE_DIR/image IMAGE_REPO:VERSION`.
+# compares. `make publish` builds it and pushes it to REGISTRY.
 RELEASE_DIR ?= dist/release/$(VERSION)
 RELEASE_ARCHS ?= amd64 arm64
+CLI_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+# Where the krew manifest says the CLI archives are downloaded from: the
+# GitHub release the maintainer makes for the tag (docs/releasing.md).
+RELEASE_URL ?= $(SOURCE_URL)/releases/download/$(VERSION)
+CHANGELOG ?= CHANGELOG.md
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 CYCLONEDX_GOMOD ?= $(LOCALBIN)/cyclonedx-gomod
 CYCLONEDX_GOMOD_VERSION ?= v1.10.0
 # A release is of a commit: RELEASE_ALLOW_DIRTY=1 builds one from a work
 # tree with changes (its revision label then ends in -dirty).
 RELEASE_ALLOW_DIRTY ?=
+# The CLI's build, as the manager's (see MANAGER_LDFLAGS): static, stripped,
+# `lockwarden version` printing VERSION.
+CLI_LDFLAGS ?= -s -w -X main.version=$(VERSION)
 
 .PHONY: release
-release: manifests kustomize helm cyclonedx-gomod ## Build every artifact of release VERSION (vX.Y.Z) into RELEASE_DIR: binaries, SBOMs, the multi-arch image, install.yaml, the chart, checksums.
+release: manifests kustomize helm cyclonedx-gomod ## Build every artifact of release VERSION (vX.Y.Z) into RELEASE_DIR: binaries, SBOMs, the multi-arch images, install.yaml, the chart, the CLI's archives and krew manifest, checksums.
 	@[[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$ ]] || { echo "make release: VERSION=$(VERSION) is not vMAJOR.MINOR.PATCH[-PRERELEASE]" >&2; exit 1; }
 	@[[ -n "$(RELEASE_ALLOW_DIRTY)" ]] || git diff --quiet HEAD || { echo "make release: the work tree has changes; commit them, or set RELEASE_ALLOW_DIRTY=1" >&2; exit 1; }
 	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
@@ -275,21 +290,66 @@ release: manifests kustomize helm cyclonedx-gomod ## Build every artifact of rel
 	cd hack/tools/image && $(GO) run . $(foreach a,$(RELEASE_ARCHS),-binary $(abspath $(RELEASE_DIR))/manager-linux-$(a)) \
 	  -version $(VERSION) -source $(SOURCE_URL) -revision $(REVISION) -created $(SOURCE_DATE_EPOCH) -tag $(IMAGE_REPO):$(VERSION) \
 	  -oci $(abspath $(RELEASE_DIR))/image -oci-archive $(abspath $(RELEASE_DIR))/manager-image.oci.tar -digest-file $(abspath $(RELEASE_DIR))/image-digest
+	@# The CLI: a binary per platform in cli/, each packed as krew expects;
+	@# the linux ones make its image.
+	set -e; for p in $(CLI_PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=false -ldflags "$(CLI_LDFLAGS)" \
+	    -o $(RELEASE_DIR)/cli/lockwarden-$$os-$$arch ./cmd/lockwarden; \
+	done
+	cd hack/tools/release && set -e; for p in $(CLI_PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; \
+	  $(GO) run ./archive -mtime $(SOURCE_DATE_EPOCH) -o $(abspath $(RELEASE_DIR))/kubectl-lockwarden_$${os}_$${arch}.tar.gz \
+	    kubectl-lockwarden=$(abspath $(RELEASE_DIR))/cli/lockwarden-$$os-$$arch $(abspath $(wildcard LICENSE)); \
+	done
+	cd hack/tools/release && $(GO) run ./krew -version $(VERSION) -homepage $(SOURCE_URL) -url-base $(RELEASE_URL) \
+	  -o $(abspath $(RELEASE_DIR))/lockwarden.yaml $(abspath $(RELEASE_DIR))/kubectl-lockwarden_*.tar.gz
+	cd hack/tools/image && $(GO) run . -command lockwarden $(foreach p,$(filter linux/%,$(CLI_PLATFORMS)),-binary $(abspath $(RELEASE_DIR))/cli/lockwarden-$(subst /,-,$(p))) \
+	  -version $(VERSION) -source $(SOURCE_URL) -revision $(REVISION) -created $(SOURCE_DATE_EPOCH) -tag $(CLI_IMAGE_REPO):$(VERSION) \
+	  -oci $(abspath $(RELEASE_DIR))/cli-image -digest-file $(abspath $(RELEASE_DIR))/cli-image-digest
 	$(MAKE) --no-print-directory build-installer IMG=$(IMAGE_REPO):$(VERSION)@$$(cat $(RELEASE_DIR)/image-digest) INSTALLER=$(RELEASE_DIR)/install.yaml
-	@# The chart, from a copy: version X.Y.Z, appVersion VERSION, the digest
-	@# pinned, its README regenerated for those values.
+	@# The chart, from a copy: version X.Y.Z, appVersion VERSION, the image
+	@# IMAGE_REPO with its digest pinned, its README regenerated for those
+	@# values.
 	set -e; tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; cp -R dist/chart "$$tmp/lockwarden"; \
 	  sed -i -e 's/^version: .*/version: $(VERSION:v%=%)/' -e 's/^appVersion: .*/appVersion: "$(VERSION)"/' "$$tmp/lockwarden/Chart.yaml"; \
-	  sed -i -e 's/^    digest: ""$$/    digest: "'"$$(cat $(RELEASE_DIR)/image-digest)"'"/' "$$tmp/lockwarden/values.yaml"; \
+	  sed -i -e 's/^    digest: ""$$/    digest: "'"$$(cat $(RELEASE_DIR)/image-digest)"'"/' \
+	    -e 's|^    repository: .*|    repository: $(IMAGE_REPO)|' "$$tmp/lockwarden/values.yaml"; \
 	  grep -q '^    digest: "sha256:' "$$tmp/lockwarden/values.yaml"; \
+	  [[ "$$(grep -c '^    repository: ' "$$tmp/lockwarden/values.yaml")" == 1 ]]; \
 	  (cd hack/tools/release && $(GO) run ./chartdoc -chart "$$tmp/lockwarden"); \
 	  $(HELM) lint --strict --kube-version 1.36.0 "$$tmp/lockwarden" >/dev/null; \
 	  $(HELM) package "$$tmp/lockwarden" -d $(abspath $(RELEASE_DIR)) >/dev/null
 	cd hack/tools/release && $(GO) run ./normtgz -mtime $(SOURCE_DATE_EPOCH) $(abspath $(RELEASE_DIR))/lockwarden-$(VERSION:v%=%).tgz
-	awk -v v="$(VERSION)" '/^## /{p=($$2==v || $$2=="["v"]")} p' CHANGELOG.md >$(RELEASE_DIR)/release-notes.md
-	@[[ -s $(RELEASE_DIR)/release-notes.md ]] || awk '/^## /{p=($$2=="Unreleased")} p' CHANGELOG.md >$(RELEASE_DIR)/release-notes.md
+	awk -v v="$(VERSION)" '/^## /{p=($$2==v || $$2=="["v"]")} p' $(CHANGELOG) >$(RELEASE_DIR)/release-notes.md
+	@[[ -s $(RELEASE_DIR)/release-notes.md ]] || awk '/^## /{p=($$2=="Unreleased")} p' $(CHANGELOG) >$(RELEASE_DIR)/release-notes.md
 	cd $(RELEASE_DIR) && sha256sum $$(find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort) >SHA256SUMS
 	@echo "release $(VERSION) in $(RELEASE_DIR): image $(IMAGE_REPO):$(VERSION)@$$(cat $(RELEASE_DIR)/image-digest)"
+
+# `make publish REGISTRY=ghcr.io/you VERSION=v0.2.0` builds the release as
+# `make release` does, for that registry, and pushes it there: the manager
+# image (REGISTRY/manager), the CLI image (REGISTRY/lockwarden-cli), the
+# chart (oci://REGISTRY/charts/lockwarden), the release's files as one OCI
+# artifact (REGISTRY/lockwarden-release), each signed with cosign and the
+# key pair COSIGN_KEY (its password in $$COSIGN_PASSWORD), the SBOMs
+# attached to the image as attestations. No transparency log, no Fulcio:
+# cosign.pub is all a user needs to verify. docs/releasing.md is the
+# maintainer's whole procedure.
+COSIGN ?= $(LOCALBIN)/cosign
+COSIGN_VERSION ?= v3.1.3
+COSIGN_KEY ?= cosign.key
+
+.PHONY: publish
+publish: helm cosign ## Build release VERSION for REGISTRY (HOST[/PATH], required) and publish it there, signed with COSIGN_KEY: images, chart (OCI), CLI archives, krew manifest, SBOM attestations, install.yaml, notes (docs/releasing.md).
+	@[[ "$(origin REGISTRY)" == "command line" || "$(origin REGISTRY)" == environment ]] || { echo "make publish: name the registry to publish to, e.g. REGISTRY=ghcr.io/lockwarden" >&2; exit 1; }
+	@[[ -f "$(COSIGN_KEY)" ]] || { echo "make publish: no cosign key $(COSIGN_KEY): make a pair with '$(COSIGN) generate-key-pair', or set COSIGN_KEY (docs/releasing.md)" >&2; exit 1; }
+	@awk -v v="$(VERSION)" '/^## /{if ($$2==v || $$2=="["v"]") f=1} END{exit !f}' $(CHANGELOG) || { echo "make publish: $(CHANGELOG) has no section '## $(VERSION)' for the release notes" >&2; exit 1; }
+	$(MAKE) --no-print-directory release IMAGE_REPO=$(REGISTRY)/manager CLI_IMAGE_REPO=$(REGISTRY)/lockwarden-cli
+	cd hack/tools/release && $(GO) run ./publish -dir $(abspath $(RELEASE_DIR)) -registry $(REGISTRY) -version $(VERSION) \
+	  -key $(abspath $(COSIGN_KEY)) -cosign $(COSIGN) -helm $(HELM)
+
+.PHONY: cosign
+cosign: $(COSIGN) ## Build cosign (signatures and attestations) into bin/.
+$(COSIGN): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) $(GO) install -trimpath -ldflags "-X sigs.k8s.io/release-utils/version.gitVersion=$(COSIGN_VERSION)" github.com/sigstore/cosign/v3/cmd/cosign@$(COSIGN_VERSION)
 
 .PHONY: cyclonedx-gomod
 cyclonedx-gomod: $(CYCLONEDX_GOMOD) ## Build cyclonedx-gomod (the SBOM generator) into bin/.
@@ -299,7 +359,7 @@ $(CYCLONEDX_GOMOD): | $(LOCALBIN)
 ##@ Dependencies
 
 .PHONY: test-deps
-test-deps: redis envtest plane kustomize helm crd-ref-docs ## Install everything the tests need.
+test-deps: redis envtest plane kustomize helm crd-ref-docs cosign ## Install everything the tests need.
 
 .PHONY: redis
 redis: ## Install redis-server 7.x (Debian's package) if it is missing.

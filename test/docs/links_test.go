@@ -17,11 +17,6 @@ import (
 // root is the repository.
 var root = filepath.Join("..", "..")
 
-// writtenElsewhere are pages that other branches of this work add. A link to
-// one of them is accepted while the page is absent; once it exists, its
-// anchors are checked like any other page's.
-var writtenElsewhere = []string{"docs/cli.md", "docs/releasing.md", "docs/operating-redis-password.md"}
-
 // TestLinksResolve checks every link of README.md and docs/*.md that is not a
 // URL: the file or directory it names exists, and the anchor, if any, is a
 // heading of the Markdown page it points to (as GitHub makes anchors).
@@ -62,9 +57,7 @@ func TestLinksResolve(t *testing.T) {
 					continue
 				}
 				if _, err := os.Stat(filepath.Join(root, target)); err != nil {
-					if !slices.Contains(writtenElsewhere, target) || anchor != "" {
-						t.Errorf("%s:%d: %s: %s does not exist", page, l.line, l.target, target)
-					}
+					t.Errorf("%s:%d: %s: %s does not exist", page, l.line, l.target, target)
 					continue
 				}
 			}

@@ -1,13 +1,14 @@
-// Package release checks `make release`: every artifact of a release from
-// one version, as the README's "Releases" lists them, and the same bytes
-// from the same commit.
+// Package release checks `make release` and `make publish`: every artifact
+// of a release from one version, as the README's "Releases" and
+// docs/releasing.md list them, the same bytes from the same commit, the
+// release published to a registry on this machine, signed, and installed
+// from there onto the local control plane.
 package release
 
 import (
 	"archive/tar"
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
@@ -24,32 +25,20 @@ import (
 	"testing"
 )
 
-const (
-	version = "v0.0.0-repro"
-	repo    = "registry.example/lockwarden/manager"
-)
+// The version the tests release.
+const version = "v0.0.0-repro"
 
-var root = func() string {
-	abs, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		panic(err)
-	}
-	return abs
-}()
+// imageRepo is the manager image's repository in the test's registry.
+func imageRepo() string { return reg.host + "/" + managerRepo }
 
 // TestReleaseIsReproducible builds the release twice, into two
-// directories, and requires the same bytes, then checks what each artifact
-// holds.
+// directories, once with `make release` and once with `make publish`, and
+// requires the same bytes, then checks what each artifact holds.
 func TestReleaseIsReproducible(t *testing.T) {
-	if out, err := makeRelease(t, "1.2.3", t.TempDir()); err == nil || !strings.Contains(out, "is not vMAJOR.MINOR.PATCH") {
+	if out, err := runMake("release", "VERSION=1.2.3", "RELEASE_DIR="+t.TempDir()); err == nil || !strings.Contains(out, "is not vMAJOR.MINOR.PATCH") {
 		t.Errorf("make release VERSION=1.2.3 was not refused: %v\n%s", err, out)
 	}
-	a, b := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
-	for _, dir := range []string{a, b} {
-		if out, err := makeRelease(t, version, dir); err != nil {
-			t.Fatalf("make release: %v\n%s", err, out)
-		}
-	}
+	a, b := releasedBuild(t), publishedBuild(t)
 	ha, hb := treeDigests(t, a), treeDigests(t, b)
 	if len(ha) < 10 {
 		t.Fatalf("the release holds only %v", ha)
@@ -72,17 +61,9 @@ func TestReleaseIsReproducible(t *testing.T) {
 	checkSBOMs(t, a)
 	checkInstaller(t, a, digest)
 	checkChart(t, a, digest)
-	if notes := read(t, a, "release-notes.md"); !strings.HasPrefix(notes, "## ") {
-		t.Errorf("release-notes.md: %q", notes)
+	if notes := read(t, a, "release-notes.md"); strings.TrimSpace(notes) != strings.TrimSpace(releaseNotes) {
+		t.Errorf("release-notes.md is not the CHANGELOG's section for %s: %q", version, notes)
 	}
-}
-
-func makeRelease(t *testing.T, v, dir string) (string, error) {
-	t.Helper()
-	cmd := exec.Command("make", "--no-print-directory", "-C", root, "release", "VERSION="+v, "RELEASE_DIR="+dir,
-		"IMAGE_REPO="+repo, "RELEASE_ALLOW_DIRTY=1")
-	out, err := cmd.CombinedOutput()
-	return string(out), err
 }
 
 // treeDigests maps every file under dir to its SHA-256.
@@ -142,7 +123,9 @@ func checkSums(t *testing.T, dir string) {
 		}
 	}
 	for _, want := range []string{"manager-linux-amd64", "manager-linux-arm64", "manager-linux-amd64.cdx.json", "manager-linux-arm64.cdx.json",
-		"manager-image.oci.tar", "image-digest", "install.yaml", "lockwarden-0.0.0-repro.tgz", "release-notes.md"} {
+		"manager-image.oci.tar", "image-digest", "install.yaml", "lockwarden-0.0.0-repro.tgz", "release-notes.md",
+		"kubectl-lockwarden_linux_amd64.tar.gz", "kubectl-lockwarden_linux_arm64.tar.gz", "kubectl-lockwarden_darwin_amd64.tar.gz",
+		"kubectl-lockwarden_darwin_arm64.tar.gz", "lockwarden.yaml", "cli-image-digest"} {
 		if !listed[want] {
 			t.Errorf("SHA256SUMS lacks %s", want)
 		}
@@ -178,6 +161,11 @@ func checkBinaries(t *testing.T, dir string) {
 				t.Errorf("%s --version: %q (%v)", path, out, err)
 			}
 		}
+	}
+	// The CLI built for this machine reports the release's version too.
+	cli := filepath.Join(dir, "cli", "lockwarden-"+runtime.GOOS+"-"+runtime.GOARCH)
+	if out, err := exec.Command(cli, "version").Output(); err != nil || strings.TrimSpace(string(out)) != version {
+		t.Errorf("%s version: %q (%v), want %s", cli, out, err, version)
 	}
 }
 
@@ -297,39 +285,11 @@ func blobJSON(t *testing.T, path string, v any) {
 // chart package) by name.
 func tgzFiles(t *testing.T, path string) map[string][]byte {
 	t.Helper()
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{}
-	tr := tar.NewReader(zr)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return files
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			continue
-		}
-		data, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[strings.TrimPrefix(hdr.Name, "./")] = data
-	}
-}
-
-func sha(data []byte) string {
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:])
+	return tgzBytes(t, data)
 }
 
 // The SBOMs: CycloneDX, one per binary, naming the release's version, the
@@ -392,14 +352,14 @@ func checkSBOMs(t *testing.T, dir string) {
 // install.yaml pins the image by tag and digest.
 func checkInstaller(t *testing.T, dir, digest string) {
 	t.Helper()
-	want := fmt.Sprintf("image: %s:%s@%s", repo, version, digest)
+	want := fmt.Sprintf("image: %s:%s@%s", imageRepo(), version, digest)
 	if !strings.Contains(read(t, dir, "install.yaml"), want) {
 		t.Errorf("install.yaml lacks %q", want)
 	}
 }
 
-// The chart package: the version, the image's digest pinned, lint-clean,
-// and it renders the image by digest.
+// The chart package: the version, the release's image and digest pinned,
+// lint-clean, and it renders the image by digest.
 func checkChart(t *testing.T, dir, digest string) {
 	t.Helper()
 	pkg := filepath.Join(dir, "lockwarden-0.0.0-repro.tgz")
@@ -419,10 +379,10 @@ func checkChart(t *testing.T, dir, digest string) {
 	if out, err := lint.CombinedOutput(); err != nil {
 		t.Errorf("helm lint --strict %s: %v\n%s", pkg, err, out)
 	}
-	tmpl := exec.Command(helm, "template", "lockwarden", pkg, "-n", "lockwarden-system", "--kube-version", "1.36.0", "--set", "manager.image.repository="+repo)
+	tmpl := exec.Command(helm, "template", "lockwarden", pkg, "-n", "lockwarden-system", "--kube-version", "1.36.0")
 	tmpl.Env = env
 	out, err := tmpl.CombinedOutput()
-	if err != nil || !bytes.Contains(out, []byte(fmt.Sprintf("image: %q", repo+":"+version+"@"+digest))) {
+	if err != nil || !bytes.Contains(out, []byte(fmt.Sprintf("image: %q", imageRepo()+":"+version+"@"+digest))) {
 		t.Errorf("the packaged chart does not run the released image (%v):\n%s", err, firstLines(out, 5))
 	}
 }

@@ -5,6 +5,10 @@
 // /tmp) and configured as the Dockerfile configures it. It writes an OCI
 // image layout and a tarball that `docker load` reads.
 //
+// With -command lockwarden it builds the CLI's image of `make release` the
+// same way: /lockwarden instead of /manager, for job images to copy
+// (`COPY --from=...lockwarden-cli:VERSION /lockwarden /usr/local/bin/`).
+//
 // Given a binary per architecture (-binary repeated; each one's
 // architecture is read from its ELF header), it builds one image per
 // architecture and writes their multi-arch OCI image index instead (no
@@ -30,6 +34,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -77,11 +82,12 @@ func main() {
 	var version, tag, ociDir, tarFile, archive, digestFile string
 	var lb labels
 	var created int64
-	flag.Func("binary", "a static linux manager binary to put at /manager; repeat it, one per architecture, for a multi-arch index", func(s string) error {
+	flag.StringVar(&command, "command", command, "the image's one program: the binary's name at / and the entrypoint, and lockwarden-COMMAND its title")
+	flag.Func("binary", "a static linux binary to put at /COMMAND; repeat it, one per architecture, for a multi-arch index", func(s string) error {
 		binaries = append(binaries, s)
 		return nil
 	})
-	flag.StringVar(&version, "version", "", "the manager's version, for the org.opencontainers.image.version label")
+	flag.StringVar(&version, "version", "", "the binary's version, for the org.opencontainers.image.version label")
 	flag.StringVar(&lb.source, "source", "", "the source repository's URL, for the org.opencontainers.image.source label")
 	flag.StringVar(&lb.revision, "revision", "", "the source's commit, for the org.opencontainers.image.revision label")
 	flag.Int64Var(&created, "created", 0, "the time of every file and of the image, in seconds since the Unix epoch (SOURCE_DATE_EPOCH)")
@@ -94,6 +100,10 @@ func main() {
 	lb.version = version
 	if len(binaries) == 0 || version == "" || tag == "" || ociDir == "" || (tarFile == "" && len(binaries) == 1) {
 		fmt.Fprintln(os.Stderr, "image: -binary, -version, -tag, -oci and, for one binary, -tar are required")
+		os.Exit(2)
+	}
+	if command == "" || strings.ContainsAny(command, "/.") {
+		fmt.Fprintf(os.Stderr, "image: -command %q must be a plain file name\n", command)
 		os.Exit(2)
 	}
 	if tarFile != "" && len(binaries) > 1 {
@@ -122,11 +132,11 @@ func run(binaries []string, lb labels, tag, ociDir, tarFile, archive, digestFile
 		if slices.Contains(archs, arch) {
 			return fmt.Errorf("two binaries for linux/%s", arch)
 		}
-		manager, err := os.ReadFile(binary)
+		program, err := os.ReadFile(binary)
 		if err != nil {
 			return err
 		}
-		img, err := build(manager, lb, arch)
+		img, err := build(program, lb, arch)
 		if err != nil {
 			return err
 		}
@@ -262,8 +272,8 @@ func staticLinuxArch(path string) (string, error) {
 
 // build makes the image: one layer on an empty base, configured as the
 // Dockerfile's final stage.
-func build(manager []byte, lb labels, arch string) (v1.Image, error) {
-	files, err := rootfs(manager)
+func build(program []byte, lb labels, arch string) (v1.Image, error) {
+	files, err := rootfs(program)
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +287,7 @@ func build(manager []byte, lb labels, arch string) (v1.Image, error) {
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	img, err = mutate.Append(img, mutate.Addendum{
 		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "make image", Comment: "the lockwarden manager on an empty base"},
+		History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "make image", Comment: "the lockwarden " + command + " on an empty base"},
 	})
 	if err != nil {
 		return nil, err
@@ -289,11 +299,11 @@ func build(manager []byte, lb labels, arch string) (v1.Image, error) {
 	cfg = cfg.DeepCopy()
 	cfg.OS, cfg.Architecture = "linux", arch
 	cfg.Created = v1.Time{Time: epoch}
-	cfg.Config.Entrypoint = []string{"/manager"}
+	cfg.Config.Entrypoint = []string{"/" + command}
 	cfg.Config.User = nonrootUser
 	cfg.Config.WorkingDir = "/"
 	cfg.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":    "lockwarden-manager",
+		"org.opencontainers.image.title":    "lockwarden-" + command,
 		"org.opencontainers.image.version":  lb.version,
 		"org.opencontainers.image.licenses": license,
 	}
@@ -313,9 +323,12 @@ const license = "Apache-2.0"
 // epoch is every timestamp in the image: -created.
 var epoch = time.Unix(0, 0).UTC()
 
+// command is the image's one program, /command: -command.
+var command = "manager"
+
 // rootfs returns the layer's tar: the directories, /etc/passwd and
-// /etc/group naming the nonroot user, its home, and /manager.
-func rootfs(manager []byte) ([]byte, error) {
+// /etc/group naming the nonroot user, its home, and /COMMAND.
+func rootfs(program []byte) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	entries := []struct {
@@ -330,7 +343,7 @@ func rootfs(manager []byte) ([]byte, error) {
 		{"home/", 0o755, 0, nil},
 		{"home/nonroot/", 0o700, nonrootID, nil},
 		{"tmp/", 0o1777, 0, nil},
-		{"manager", 0o755, 0, manager},
+		{command, 0o755, 0, program},
 	}
 	for _, e := range entries {
 		hdr := &tar.Header{
