@@ -60,16 +60,15 @@ func historyLockOptions() redislock.Options {
 	return redislock.Options{WatchdogLease: historyLease, RetryFallback: 100 * time.Millisecond}
 }
 
-// TestHistory records histories under random faults and checks each. It
-// stops at the first history the model cannot explain, and prints its seed,
-// the faults struck, the offending part of the history and where its
-// visualisation is.
-func TestHistory(t *testing.T) {
-	total := historyDefaultDuration
-	if v := os.Getenv(envHistoryDuration); v != "" {
+// historyBounds is how long a history test runs (the duration the environment
+// variable env gives, or def) and the seed of its first history (the one
+// LOCKWARDEN_HISTORY_SEED gives, or a new one), which it logs.
+func historyBounds(t *testing.T, env string, def time.Duration) (time.Duration, uint64) {
+	total := def
+	if v := os.Getenv(env); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			t.Fatalf("%s=%q: want a positive duration, such as 10m", envHistoryDuration, v)
+			t.Fatalf("%s=%q: want a positive duration, such as 10m", env, v)
 		}
 		total = d
 	}
@@ -82,6 +81,15 @@ func TestHistory(t *testing.T) {
 		seed = s
 	}
 	t.Logf("first seed %d; %s=%d replays from it", seed, envHistorySeed, seed)
+	return total, seed
+}
+
+// TestHistory records histories under random faults and checks each. It
+// stops at the first history the model cannot explain, and prints its seed,
+// the faults struck, the offending part of the history and where its
+// visualisation is.
+func TestHistory(t *testing.T) {
+	total, seed := historyBounds(t, envHistoryDuration, historyDefaultDuration)
 	faults := historyFaults
 	if v := os.Getenv(envHistoryFaults); v != "" {
 		faults = nil
@@ -110,23 +118,7 @@ func TestHistory(t *testing.T) {
 // runs it for historyClusterDefaultDuration, `make history` as long as
 // LOCKWARDEN_HISTORY_CLUSTER_DURATION says.
 func TestHistoryCluster(t *testing.T) {
-	total := historyClusterDefaultDuration
-	if v := os.Getenv(envHistoryClusterDuration); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			t.Fatalf("%s=%q: want a positive duration, such as 10m", envHistoryClusterDuration, v)
-		}
-		total = d
-	}
-	seed := rand.Uint64() >> 1
-	if v := os.Getenv(envHistorySeed); v != "" {
-		s, err := strconv.ParseUint(v, 10, 63)
-		if err != nil {
-			t.Fatalf("%s=%q: want a seed as printed by a run", envHistorySeed, v)
-		}
-		seed = s
-	}
-	t.Logf("first seed %d; %s=%d replays from it", seed, envHistorySeed, seed)
+	total, seed := historyBounds(t, envHistoryClusterDuration, historyClusterDefaultDuration)
 	var faults []historyFault
 	for _, f := range historyFaults {
 		if f.cluster {
