@@ -259,7 +259,7 @@ func TestANonFinalUnlockInFlightHidesNoLoss(t *testing.T) {
 	inner := mustLock(t, redislock.WithHold(ctx, outer), m)
 	unlocked := make(chan error, 1)
 	go func() { unlocked <- inner.Unlock(ctx) }()
-	waitFor(t, slow.inFlight, "the inner Unlock to be in flight")
+	waitFor(t, slow.inFlight, "the inner Unlock's release to run, its reply held back")
 
 	operator := newClient(t, srv.Client(t), redislock.Options{})
 	if n, err := operator.ForceReleaseClient(ctx, name, c.ID()); err != nil || n != 1 {
@@ -275,7 +275,8 @@ func TestANonFinalUnlockInFlightHidesNoLoss(t *testing.T) {
 	}
 }
 
-// slowReleases holds the replies of release scripts back for delay.
+// slowReleases holds the replies of release scripts back for delay, once
+// Redis has run them; inFlight reports one so held.
 type slowReleases struct {
 	delay time.Duration
 	mu    sync.Mutex
@@ -292,13 +293,13 @@ func (s *slowReleases) DialHook(next redis.DialHook) redis.DialHook { return nex
 func (s *slowReleases) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		kind, _ := redislock.ScriptCall(cmd.Args())
-		if kind != "release" {
-			return next(ctx, cmd)
+		err := next(ctx, cmd)
+		if kind != "release" || err != nil {
+			return err
 		}
 		s.mu.Lock()
 		s.n++
 		s.mu.Unlock()
-		err := next(ctx, cmd)
 		time.Sleep(s.delay)
 		return err
 	}
