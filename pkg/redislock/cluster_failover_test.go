@@ -152,7 +152,7 @@ func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
 	// The holder learns the new master (a hung node sends no MOVED); the
 	// waiter's client must find it out by itself: it finds the connection
 	// dead within two receive timeouts of the hang, and subscribes on the
-	// new master (a loaded machine takes longer; at 96cb06f it never did).
+	// new master (a loaded machine takes longer).
 	holderRedis.ReloadState(ctx)
 	channel := "redisson_lock__channel:{" + name + "}"
 	deadline := time.Now().Add(20 * time.Second)
