@@ -29,6 +29,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -103,17 +104,26 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyReques
 	// caller outside it (a test) from running beside it.
 	defer r.keys.lock(req.Key)()
 	s, err := r.loadScope(ctx, req.Key)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if s.unnamed() && r.grants.get(req.Key) == nil {
+	switch {
+	case s == nil:
+		return ctrl.Result{}, err // the locks could not be listed: no status can show it
+	case err != nil:
+		result, err := r.readFailed(ctx, s, err)
+		return result, kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
+	case s.unnamed() && r.grants.get(req.Key) == nil:
 		// No lock names the key and this process holds nothing of it: it is
 		// none of the controller's business, and never polled.
 		r.keyReleases.unwatch(req.Key)
 		return ctrl.Result{}, nil
 	}
 	if err := r.addFinalizers(ctx, s); err != nil {
-		return ctrl.Result{}, err
+		// Nothing is granted to a lock whose deletion would not release it;
+		// the statuses show the key as read, and why.
+		if s.failed = failureOf("add the finalizer", err); s.failed == nil {
+			return ctrl.Result{}, err // the lock changed since it was read: retried at once
+		}
+		result, _ := r.describe(ctx, s)
+		return result, kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
 	}
 	for _, l := range s.ungiven {
 		if err := r.letGo(ctx, s, l); err != nil {
@@ -122,6 +132,16 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyReques
 	}
 	result, err := r.runPhases(ctx, s)
 	return result, kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
+}
+
+// describe computes the statuses from what the scope read, with no phase
+// run: as Redis failing if it did.
+func (r *DistributedLockReconciler) describe(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if s.redisErr != nil {
+		return r.redisFailed(ctx, s, s.redisErr)
+	}
+	r.computeStatuses(ctx, s)
+	return ctrl.Result{}, nil
 }
 
 // addFinalizers gives each live lock of the key that may use it the
@@ -136,7 +156,8 @@ func (r *DistributedLockReconciler) addFinalizers(ctx context.Context, s *scope)
 		patch := client.MergeFromWithOptions(l.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(l, locksv1.Finalizer)
 		if err := r.Patch(ctx, l, patch); err != nil {
-			return err
+			controllerutil.RemoveFinalizer(l, locksv1.Finalizer)
+			return &lockUpdateError{lock: l, err: err}
 		}
 		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
 	}
@@ -227,51 +248,90 @@ func (r *DistributedLockReconciler) redisFailed(ctx context.Context, s *scope, e
 		return ctrl.Result{}, err
 	}
 	log.FromContext(ctx).Error(err, "Redis failed", "key", s.Key)
+	r.unread(s, unreadKey{
+		reason:   "RedisUnavailable",
+		event:    "Redis did not answer, or refused the lock's commands: nothing is granted or released until it does; the manager's log has the error",
+		ready:    "Redis did not answer, or refused the lock's commands; the manager's log has the error",
+		held:     "Redis cannot be read, so who holds the lock is unknown",
+		deleting: "Redis did not answer, so the lock being deleted cannot be released; it is retried. If Redis is gone for good, remove the finalizer by hand (see docs/operating.md)",
+	})
+	return ctrl.Result{RequeueAfter: r.backoff.failed(s.Key)}, nil
+}
+
+// readFailed shows that the key could not be read past its locks (its
+// pods, or who holds it): as Redis failing if it did; else not Ready with
+// the reason ReadFailed, retried by the work queue. A conflict shows
+// nothing: it is retried at once.
+func (r *DistributedLockReconciler) readFailed(ctx context.Context, s *scope, err error) (ctrl.Result, error) {
+	if isRedisError(err) {
+		return r.redisFailed(ctx, s, err)
+	}
+	if apierrors.IsConflict(err) {
+		return ctrl.Result{}, err
+	}
+	r.unread(s, unreadKey{
+		reason:   "ReadFailed",
+		event:    "The manager could not read the key's pods or holders: nothing is granted or released until it can; the manager's log has the error",
+		ready:    "the manager could not read the key's pods or holders; it is retried, and the manager's log has the error",
+		held:     "the key's holders could not be read, so who holds the lock is unknown",
+		deleting: "the manager could not read the key's pods or holders, so the lock being deleted cannot be released yet; it is retried",
+	})
+	return ctrl.Result{}, err
+}
+
+// unreadKey is how the locks show a key that could not be read: the Ready
+// condition's reason, and the messages of the Warning Event, the Ready
+// condition, the Held condition and a deleting lock's Ready condition.
+type unreadKey struct{ reason, event, ready, held, deleting string }
+
+// unread shows the key as unread: who holds it is unknown (the hold may
+// have lapsed meanwhile), and the rest of each status is left as it was.
+// One Warning Event is announced as each lock turns so, not one per retry.
+func (r *DistributedLockReconciler) unread(s *scope, u unreadKey) {
 	for _, l := range append(slices.Clip(s.Locks), s.Deleting...) {
-		// One Warning Event as each lock turns unavailable, not one per retry.
-		if c := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady); c == nil || c.Reason != "RedisUnavailable" {
-			r.Recorder.Event(l, corev1.EventTypeWarning, "RedisUnavailable",
-				"Redis did not answer, or refused the lock's commands: nothing is granted or released until it does; the manager's log has the error")
+		if c := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady); c == nil || c.Reason != u.reason {
+			s.announce(announcement{about: []*locksv1.DistributedLock{l}, object: l, eventType: corev1.EventTypeWarning, reason: u.reason, message: u.event})
 		}
 	}
 	for _, l := range s.Locks {
-		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
-			"Redis did not answer, or refused the lock's commands; the manager's log has the error")
+		setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, u.reason, u.ready)
 		if meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionHeld) != nil {
-			setCondition(l, locksv1.ConditionHeld, metav1.ConditionUnknown, "RedisUnavailable",
-				"Redis cannot be read, so who holds the lock is unknown")
+			setCondition(l, locksv1.ConditionHeld, metav1.ConditionUnknown, u.reason, u.held)
 		}
 	}
 	for _, d := range s.Deleting {
-		setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, "RedisUnavailable",
-			"Redis did not answer, so the lock being deleted cannot be released; it is retried. If Redis is gone for good, remove the finalizer by hand (see the README)")
+		setCondition(d, locksv1.ConditionReady, metav1.ConditionFalse, u.reason, u.deleting)
 	}
 	// A refused lock learns nothing of the key, Redis's state included.
 	for _, l := range s.Revoked {
 		r.revokedStatus(s, l)
 	}
 	s.described = true
-	return ctrl.Result{RequeueAfter: r.backoff.failed(s.Key)}, nil
 }
 
 // patchStatuses writes the status of every lock in the scope that changed.
 // A refused lock's write failing fails nothing else: the lock is another
 // namespace's, whose tenant must not be able to hold this key's reconciles
 // back.
+//
+// Then it sends the announcements about the statuses it wrote.
 func (r *DistributedLockReconciler) patchStatuses(ctx context.Context, s *scope) error {
 	var errs []error
+	written := map[*locksv1.DistributedLock]bool{}
 	for _, l := range s.All() {
 		before := s.before[client.ObjectKeyFromObject(l)]
 		if before == nil {
 			continue
 		}
 		err := r.patchStatus(ctx, before, l, s.described)
+		written[l] = err == nil
 		if err != nil && slices.Contains(s.Revoked, l) {
 			log.FromContext(ctx).Error(err, "cannot write a refused lock's status", "lock", client.ObjectKeyFromObject(l))
 			continue
 		}
 		errs = append(errs, err)
 	}
+	r.announceWritten(s, written)
 	return kerrors.NewAggregate(errs)
 }
 

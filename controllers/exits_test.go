@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -26,23 +27,38 @@ import (
 // enforces it.
 func refusePodUpdates(t *testing.T, ns string) {
 	t.Helper()
+	refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}})
+	probe := createPod(t, ns, "probe", "probe", withLabels(map[string]string{"app": "probe", "refuse-updates": "true"}))
+	seq := 0
+	eventually(t, "the refusing policy to be enforced", func() bool {
+		seq++
+		patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"probe":"%d"}}}`, seq))
+		return k8s.Patch(context.Background(), getPod(t, probe), client.RawPatch("application/merge-patch+json", patch)) != nil
+	})
+}
+
+// refuseUpdates installs a ValidatingAdmissionPolicy that refuses every
+// update of an object of the rule's resources in the namespace that is
+// labelled refuse-updates (after the update).
+func refuseUpdates(t *testing.T, ns string, rule admissionregistrationv1.Rule) {
+	t.Helper()
 	ctx := context.Background()
 	inNamespace := &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
 	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "refuse-pod-updates-" + ns},
+		ObjectMeta: metav1.ObjectMeta{Name: "refuse-" + rule.Resources[0] + "-updates-" + ns},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
 			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
 			MatchConstraints: &admissionregistrationv1.MatchResources{
 				NamespaceSelector: inNamespace,
 				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
 					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+					Rule:       rule,
 				}}},
 			},
 			MatchConditions: []admissionregistrationv1.MatchCondition{{
 				Name: "labelled", Expression: "has(object.metadata.labels) && 'refuse-updates' in object.metadata.labels",
 			}},
-			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "this pod's updates are refused"}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "this object's updates are refused"}},
 		},
 	}
 	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
@@ -59,13 +75,6 @@ func refusePodUpdates(t *testing.T, ns string) {
 		}
 		t.Cleanup(func() { _ = k8s.Delete(context.Background(), obj) })
 	}
-	probe := createPod(t, ns, "probe", "probe", withLabels(map[string]string{"app": "probe", "refuse-updates": "true"}))
-	seq := 0
-	eventually(t, "the refusing policy to be enforced", func() bool {
-		seq++
-		patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"probe":"%d"}}}`, seq))
-		return k8s.Patch(ctx, getPod(t, probe), client.RawPatch("application/merge-patch+json", patch)) != nil
-	})
 }
 
 // V2: when the API server refuses the manager's update of the pod it
@@ -166,4 +175,66 @@ func TestARefusedLockShowsNothingOfItsKey(t *testing.T) {
 			t.Errorf("a refused lock was told %s", reason)
 		}
 	}
+}
+
+// A lock whose finalizer the API server refuses to add (another tool's
+// webhook, a policy engine) is granted nothing, since deleting it would
+// release nothing; before, the reconcile returned before any status, and
+// the lock showed nothing at all. It now shows the key as read (its waiting
+// pod), not Ready with the reason LockUpdateRefused and a Warning Event;
+// once the update is accepted, the pod is granted the key.
+func TestARefusedFinalizerShowsOnTheLock(t *testing.T) {
+	ns := newNamespace(t)
+	refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{locksv1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"distributedlocks"}})
+	probe := createLock(t, ns, "probe", "probe", func(l *locksv1.DistributedLock) { l.Labels = map[string]string{"refuse-updates": "true"} })
+	seq := 0
+	eventually(t, "the refusing policy to be enforced", func() bool {
+		seq++
+		patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"probe":"%d"}}}`, seq))
+		return k8s.Patch(context.Background(), getLock(t, probe), client.RawPatch("application/merge-patch+json", patch)) != nil
+	})
+	startManager(t)
+	lock := createLock(t, ns, "a", "web", func(l *locksv1.DistributedLock) { l.Labels = map[string]string{"refuse-updates": "true"} })
+	pod := createPod(t, ns, "w1", "web", gatedBy("a"))
+	eventually(t, "the lock to show the refused update and the waiting pod", func() bool {
+		l := getLock(t, lock)
+		ready := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady)
+		return ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == "LockUpdateRefused" &&
+			strings.Contains(ready.Message, "finalizer") && l.Status.WaitingCount == 1 && l.Status.ObservedGeneration == l.Generation
+	})
+	eventually(t, "a Warning Event on the lock", func() bool { return eventOn(t, ns, "DistributedLock", "a", "LockUpdateRefused") })
+	if !gatedWith(getPod(t, pod), gateFor("a")) || len(getLock(t, lock).Finalizers) > 0 {
+		t.Fatal("a lock without its finalizer granted its key")
+	}
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Labels = nil })
+	eventually(t, "the pod to be granted the key once the lock has its finalizer", func() bool {
+		return !gatedWith(getPod(t, pod), gateFor("a"))
+	})
+}
+
+// When the manager cannot read the key's pods (the API server fails its
+// reads), the lock shows it, not Ready with the reason ReadFailed and who
+// holds the key unknown, and recovers once the reads do.
+func TestAFailedReadShowsOnTheLock(t *testing.T) {
+	ns := newNamespace(t)
+	var failing atomic.Bool
+	startManagerOn(t, managerConfig{redisAddr: redisAddr, namespaces: []string{ns}, failPodLists: &failing})
+	lock := createLock(t, ns, "a", "web")
+	createPod(t, ns, "w1", "web", gatedBy("a"))
+	eventually(t, "the pod to be granted the key", func() bool { return holderOf(t, lock) == "w1" })
+	failing.Store(true)
+	// Any change wakes the key; its reconcile cannot read the pods.
+	updateLock(t, lock, func(l *locksv1.DistributedLock) { l.Annotations = map[string]string{"touched": "1"} })
+	eventually(t, "the lock to show the failed read", func() bool {
+		l := getLock(t, lock)
+		ready := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady)
+		held := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionHeld)
+		return ready != nil && ready.Reason == "ReadFailed" && held != nil && held.Status == metav1.ConditionUnknown
+	})
+	eventually(t, "a Warning Event on the lock", func() bool { return eventOn(t, ns, "DistributedLock", "a", "ReadFailed") })
+	failing.Store(false)
+	eventually(t, "the lock to be Ready again, held by w1", func() bool {
+		l := getLock(t, lock)
+		return meta.IsStatusConditionTrue(l.Status.Conditions, locksv1.ConditionReady) && holderOf(t, lock) == "w1"
+	})
 }

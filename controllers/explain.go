@@ -47,11 +47,22 @@ func (r *DistributedLockReconciler) tellGranted(s *scope, pod *corev1.Pod, token
 
 // tellWaiting tells each guarded pod waiting for the key its place in the
 // order, and each blocked one what holds it back: another lock it takes
-// first, or another controller's gate.
+// first, or another controller's gate. Each is an announcement about the
+// locks of the pod's namespace, and remembered as told once it is sent.
 func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, waiting []*corev1.Pod, blocked map[*corev1.Pod]string) {
 	before, _ := r.told.m.Load(s.Key)
 	told, _ := before.(map[types.UID]string)
 	now := map[types.UID]string{}
+	pending := 0
+	tell := func(p *corev1.Pod, what, eventType, reason, message string) {
+		if what == told[p.UID] {
+			now[p.UID] = what
+			return
+		}
+		pending++
+		s.announce(announcement{about: s.LocksIn(p.Namespace), object: p, eventType: eventType, reason: reason, message: message,
+			sent: func() { now[p.UID] = what }})
+	}
 	// Places count only the pod's own namespace's waiting pods: another
 	// namespace's are none of its business.
 	guarded, place := map[string]int{}, map[string]int{}
@@ -66,30 +77,24 @@ func (r *DistributedLockReconciler) tellWaiting(ctx context.Context, s *scope, w
 		}
 		if s.notALock {
 			// Nothing is granted: the pod has no place in a line.
-			now[p.UID] = keyInUse.reason
-			if told[p.UID] != keyInUse.reason {
-				r.Recorder.Eventf(p, corev1.EventTypeWarning, keyInUse.reason, "Waiting for %s: %s", s.Key, keyInUse.message)
-			}
+			tell(p, keyInUse.reason, corev1.EventTypeWarning, keyInUse.reason, fmt.Sprintf("Waiting for %s: %s", s.Key, keyInUse.message))
 			continue
 		}
 		place[p.Namespace]++
-		now[p.UID] = "queued"
-		if told[p.UID] != "queued" {
-			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Queued", "Waiting for %s: place %d of %d", s.Key, place[p.Namespace], guarded[p.Namespace])
-		}
+		tell(p, "queued", corev1.EventTypeNormal, "Queued", fmt.Sprintf("Waiting for %s: place %d of %d", s.Key, place[p.Namespace], guarded[p.Namespace]))
 	}
 	for p, why := range blocked {
 		if _, problems, err := s.gateLocksOf(ctx, r, p); err != nil || len(problems) > 0 {
 			continue // the gate checker tells it
 		}
-		now[p.UID] = why
-		if told[p.UID] != why {
-			r.Recorder.Eventf(p, corev1.EventTypeNormal, "Waiting", "Waiting for %s: %s", s.Key, why)
-		}
+		tell(p, why, corev1.EventTypeNormal, "Waiting", fmt.Sprintf("Waiting for %s: %s", s.Key, why))
 	}
-	if len(now) > 0 {
+	// The memory holds the pods waiting now, told already; an announcement
+	// sent later in this reconcile adds its pod (only this key's reconcile,
+	// one at a time, touches the map).
+	if len(now) > 0 || pending > 0 {
 		r.told.m.Store(s.Key, now)
-	} else if told != nil {
+	} else {
 		r.told.m.Delete(s.Key)
 	}
 }

@@ -18,8 +18,10 @@ import (
 type failure struct {
 	reason, message string
 	// pod is the pod whose update the API server refused, shown by name
-	// only to the locks of its namespace and told with an Event.
-	pod *corev1.Pod
+	// only to the locks of its namespace and told with an Event; lock is
+	// the lock whose update it refused, named only to its namespace's.
+	pod  *corev1.Pod
+	lock *locksv1.DistributedLock
 }
 
 // podUpdateError is the API server's refusal of the manager's update of a
@@ -35,6 +37,19 @@ func (e *podUpdateError) Error() string {
 
 func (e *podUpdateError) Unwrap() error { return e.err }
 
+// lockUpdateError is the API server's refusal of the manager's update of a
+// lock (adding its finalizer).
+type lockUpdateError struct {
+	lock *locksv1.DistributedLock
+	err  error
+}
+
+func (e *lockUpdateError) Error() string {
+	return fmt.Sprintf("update of lock %s/%s: %v", e.lock.Namespace, e.lock.Name, e.err)
+}
+
+func (e *lockUpdateError) Unwrap() error { return e.err }
+
 // keyInUse is the Ready condition of the locks of a key that holds data that
 // is not a lock.
 var keyInUse = condition{"KeyInUse", "the Redis key holds data that is not a lock, so nothing is granted; choose another spec.key"}
@@ -45,9 +60,14 @@ var keyInUse = condition{"KeyInUse", "the Redis key holds data that is not a loc
 // computed from the read is shown as it is.
 func failureOf(phase string, err error) *failure {
 	var refused *podUpdateError
+	var lockRefused *lockUpdateError
 	switch {
 	case apierrors.IsConflict(err):
 		return nil
+	case errors.As(err, &lockRefused) && !apierrors.IsNotFound(err):
+		return &failure{reason: "LockUpdateRefused", lock: lockRefused.lock, message: fmt.Sprintf(
+			"the API server refused the manager's update of lock %s, to add the finalizer that releases what it grants once it is deleted (%s): nothing is granted until it accepts one; another admission webhook or policy may refuse the manager's writes",
+			lockRefused.lock.Name, apierrors.ReasonForError(lockRefused.err))}
 	case errors.As(err, &refused):
 		return &failure{reason: "PodUpdateRefused", pod: refused.pod, message: fmt.Sprintf(
 			"the API server refused the manager's update of pod %s, which holds the key: its marks are not written and its gate is not lifted until it accepts one (%s); another admission webhook or policy may refuse the manager's writes",
@@ -63,13 +83,16 @@ func (f *failure) messageFor(namespace string) string {
 	if f.pod != nil && f.pod.Namespace != namespace {
 		return "the API server refused the manager's update of the pod that holds the key, in another namespace; nothing is granted until it accepts one"
 	}
+	if f.lock != nil && f.lock.Namespace != namespace {
+		return "the API server refused the manager's update of another namespace's lock of the key; nothing is granted until it accepts one"
+	}
 	return f.message
 }
 
-// tellFailure sends one Warning Event for the failure on each lock of the
-// key whose Ready condition did not already show it, and on the pod it
-// concerns when one of its namespace's locks is told.
-func (r *DistributedLockReconciler) tellFailure(s *scope) {
+// announceFailure announces one Warning Event for the failure on each lock
+// of the key whose Ready condition did not already show it, and on the pod
+// it concerns when one of its namespace's locks is told.
+func (s *scope) announceFailure() {
 	f := s.failed
 	if f == nil {
 		return
@@ -80,10 +103,11 @@ func (r *DistributedLockReconciler) tellFailure(s *scope) {
 		if was != nil && was.Reason == f.reason {
 			continue
 		}
-		r.Recorder.Event(l, corev1.EventTypeWarning, f.reason, f.messageFor(l.Namespace))
+		about := []*locksv1.DistributedLock{l}
+		s.announce(announcement{about: about, object: l, eventType: corev1.EventTypeWarning, reason: f.reason, message: f.messageFor(l.Namespace)})
 		if f.pod != nil && f.pod.Namespace == l.Namespace && !toldPod {
 			toldPod = true
-			r.Recorder.Event(f.pod, corev1.EventTypeWarning, f.reason, f.message)
+			s.announce(announcement{about: about, object: f.pod, eventType: corev1.EventTypeWarning, reason: f.reason, message: f.message})
 		}
 	}
 }

@@ -84,6 +84,9 @@ type scope struct {
 	candidateAt map[types.UID]int
 	// after is how soon the key must be looked at again, or 0.
 	after time.Duration
+	// announcements are the Events sent once the statuses they are about
+	// are written (announce.go).
+	announcements []announcement
 }
 
 // gateLocksOf is gateLocks of the pod, once a reconcile: a key's waiting
@@ -129,7 +132,9 @@ type holder = decide.Holder
 // the key is some other hash, whose fields are none of the tenant's business.
 var ownerPattern = regexp.MustCompile(`^[^:\s]+:[0-9]+$`)
 
-// loadScope reads the locks naming the key, their pods and Redis.
+// loadScope reads the locks naming the key, their pods and Redis. Once the
+// locks are read, the scope is returned with any error that follows, so
+// that their statuses can show it (readFailed).
 func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (*scope, error) {
 	s := &scope{
 		View:       decide.View{Key: key, ByUID: map[types.UID]*corev1.Pod{}, MayUse: map[string]bool{}, Selects: selectsPod},
@@ -176,7 +181,7 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	for _, l := range s.All() {
 		pods, err := r.podsOf(ctx, l)
 		if err != nil {
-			return nil, err
+			return s, err
 		}
 		for _, p := range pods {
 			s.addPod(p)
@@ -199,7 +204,7 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 	}
 	// After the candidates: a known holder found only now is none.
 	if err := r.addKnownHolders(ctx, s); err != nil {
-		return nil, err
+		return s, err
 	}
 	c, err := r.Locks.For(defaultTerms)
 	if isRedisError(err) {
@@ -207,11 +212,11 @@ func (r *DistributedLockReconciler) loadScope(ctx context.Context, key string) (
 		return s, nil
 	}
 	if err != nil {
-		return nil, err
+		return s, err
 	}
 	s.client = c
 	if err := s.readRedis(ctx); err != nil {
-		return nil, err
+		return s, err
 	}
 	r.holderToken(s)
 	if g := r.grants.get(key); g != nil {

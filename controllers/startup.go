@@ -59,7 +59,7 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 			continue
 		}
 		if decide.Started(pod) {
-			r.reportRestarts(s, l, pod)
+			s.reportRestarts(l, pod)
 			continue
 		}
 		why := decide.WhyNotStarted(pod)
@@ -86,7 +86,7 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 		msg := fmt.Sprintf("%s has not started for %s: %s", pod.Name, shortDuration(timeout), why)
 		was := meta.FindStatusCondition(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionHolderStarted)
 		if was == nil || was.Reason != "NotStarted" {
-			r.Recorder.Event(l, corev1.EventTypeWarning, "NotStarted", msg)
+			s.announce(announcement{about: []*locksv1.DistributedLock{l}, object: l, eventType: corev1.EventTypeWarning, reason: "NotStarted", message: msg})
 		}
 		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionFalse, "NotStarted", msg)
 		if l == policy && l.Spec.DeleteUnstarted && pod.DeletionTimestamp.IsZero() {
@@ -121,7 +121,7 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 // the reason Restarting while a container waits to be restarted (a crash
 // loop), which a Warning Event tells once. It is never evicted for it: it
 // started, and a restart in place keeps the lock.
-func (r *DistributedLockReconciler) reportRestarts(s *scope, l *locksv1.DistributedLock, pod *corev1.Pod) {
+func (s *scope) reportRestarts(l *locksv1.DistributedLock, pod *corev1.Pod) {
 	which := decide.Restarting(pod)
 	if which == "" {
 		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionTrue, "Started", pod.Name+" has started")
@@ -130,7 +130,7 @@ func (r *DistributedLockReconciler) reportRestarts(s *scope, l *locksv1.Distribu
 	msg := fmt.Sprintf("%s has started, and a container waits to be restarted in place (%s); it keeps the lock meanwhile", pod.Name, which)
 	was := meta.FindStatusCondition(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionHolderStarted)
 	if was == nil || was.Reason != "Restarting" {
-		r.Recorder.Event(l, corev1.EventTypeWarning, "HolderRestarting", msg)
+		s.announce(announcement{about: []*locksv1.DistributedLock{l}, object: l, eventType: corev1.EventTypeWarning, reason: "HolderRestarting", message: msg})
 	}
 	setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionTrue, "Restarting", msg)
 }

@@ -26,7 +26,7 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 	holderPod := s.HolderPod()
 	waiting, blocked := r.waiting(ctx, s)
 	r.tellWaiting(ctx, s, waiting, blocked)
-	r.tellFailure(s)
+	s.announceFailure()
 	r.tellUnguarded(s)
 	queued := s.queued()
 	for _, l := range s.Locks {

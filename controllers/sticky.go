@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -87,8 +88,8 @@ func (r *DistributedLockReconciler) keepGrants(ctx context.Context, s *scope) er
 	s.conflict = true
 	for _, l := range append(s.LocksIn(pod.Namespace), s.DeletingIn(pod.Namespace)...) {
 		if !meta.IsStatusConditionTrue(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionConflict) {
-			r.Recorder.Eventf(l, corev1.EventTypeWarning, "Conflict",
-				"Another owner holds %s in Redis, but pod %s was granted it and has not stopped; nobody else is granted the lock until it stops", s.Key, pod.Name)
+			s.announce(announcement{about: []*locksv1.DistributedLock{l}, object: l, eventType: corev1.EventTypeWarning, reason: "Conflict",
+				message: fmt.Sprintf("Another owner holds %s in Redis, but pod %s was granted it and has not stopped; nobody else is granted the lock until it stops", s.Key, pod.Name)})
 		}
 	}
 	return nil

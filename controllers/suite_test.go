@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime/pprof"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,10 +19,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -160,6 +165,14 @@ type managerConfig struct {
 	// controller, with the subresource written ("" for the object), and
 	// the function it returns, if any, with the write's outcome.
 	intercept func(obj client.Object, subresource string) func(error)
+	// frozen, while true, makes the manager's reads of pods and locks
+	// return them as it last read them before (objects it never read are
+	// missing): a cache that stopped at that moment, as a paused or deposed
+	// manager's does. Its writes go to the API server as they are.
+	frozen *atomic.Bool
+	// failPodLists, while true, fails the manager's lists of pods, as an
+	// API server that cannot answer them would.
+	failPodLists *atomic.Bool
 }
 
 func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *harness {
@@ -179,7 +192,7 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 			observe(obj)
 		}
 	}
-	intercept := cfg.intercept
+	intercept, frozen, failPodLists := cfg.intercept, cfg.frozen, cfg.failPodLists
 	if intercept == nil {
 		intercept = func(client.Object, string) func(error) { return nil }
 	}
@@ -200,7 +213,23 @@ func startManagerOn(t testing.TB, cfg managerConfig, opts ...reconcilerOption) *
 			if err != nil {
 				return nil, err
 			}
-			return interceptor.NewClient(c, countWrites(intercept, count)), nil
+			funcs := countWrites(intercept, count)
+			if frozen != nil {
+				freezeReads(&funcs, frozen)
+			}
+			if failPodLists != nil {
+				list := funcs.List
+				funcs.List = func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+					if _, pods := l.(*corev1.PodList); pods && failPodLists.Load() {
+						return apierrors.NewServiceUnavailable("pod lists fail in this test")
+					}
+					if list != nil {
+						return list(ctx, c, l, opts...)
+					}
+					return c.List(ctx, l, opts...)
+				}
+			}
+			return interceptor.NewClient(c, funcs), nil
 		},
 	})
 	if err != nil {
@@ -306,6 +335,59 @@ func countWrites(intercept func(client.Object, string) func(error), count func(c
 		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 			return write(obj, sub, func() error { return c.SubResource(sub).Patch(ctx, obj, patch, opts...) })
 		},
+	}
+}
+
+// freezeReads makes the client's reads of pods and locks, while frozen is
+// true, return the copies it last read before (managerConfig.frozen).
+func freezeReads(funcs *interceptor.Funcs, frozen *atomic.Bool) {
+	var seen sync.Map // "<kind>/<namespace>/<name>" -> client.Object
+	id := func(obj client.Object) string {
+		return fmt.Sprintf("%T/%s/%s", obj, obj.GetNamespace(), obj.GetName())
+	}
+	// view records obj as read while not frozen, or replaces it with the
+	// copy read before; it reports whether there is one.
+	view := func(obj client.Object) bool {
+		if !frozen.Load() {
+			seen.Store(id(obj), obj.DeepCopyObject())
+			return true
+		}
+		was, ok := seen.Load(id(obj))
+		if !ok {
+			return false
+		}
+		reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(was.(client.Object).DeepCopyObject()).Elem())
+		return true
+	}
+	funcs.Get = func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if err := c.Get(ctx, key, obj, opts...); err != nil {
+			return err
+		}
+		switch obj.(type) {
+		case *corev1.Pod, *locksv1.DistributedLock:
+			if !view(obj) {
+				return apierrors.NewNotFound(schema.GroupResource{}, key.Name)
+			}
+		}
+		return nil
+	}
+	funcs.List = func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+		if err := c.List(ctx, list, opts...); err != nil {
+			return err
+		}
+		switch l := list.(type) {
+		case *corev1.PodList:
+			l.Items = slices.DeleteFunc(l.Items, func(p corev1.Pod) bool { return !view(&p) })
+			for i := range l.Items {
+				view(&l.Items[i])
+			}
+		case *locksv1.DistributedLockList:
+			l.Items = slices.DeleteFunc(l.Items, func(d locksv1.DistributedLock) bool { return !view(&d) })
+			for i := range l.Items {
+				view(&l.Items[i])
+			}
+		}
+		return nil
 	}
 }
 
