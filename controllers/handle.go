@@ -72,6 +72,17 @@ func (g *grants) put(key string, gr *grant) {
 	g.byKey[key] = gr
 }
 
+// keys are the keys with a grant.
+func (g *grants) keys() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]string, 0, len(g.byKey))
+	for k := range g.byKey {
+		out = append(out, k)
+	}
+	return out
+}
+
 // drop forgets the key's grant if it is the pod's.
 func (g *grants) drop(key string, uid types.UID) {
 	g.mu.Lock()

@@ -28,6 +28,9 @@ type LockClients struct {
 	metrics *redislock.Metrics
 	now     func() time.Time
 
+	// stalls times the calls sent through rdb (stalls.go).
+	stalls *stallWatch
+
 	mu      sync.Mutex
 	clients map[leaseTerms]*lockClient
 }
@@ -44,8 +47,12 @@ const idleClientTTL = 5 * time.Minute
 
 // NewLockClients returns LockClients on rdb, recording library metrics in
 // metrics (which may be nil). Close them when done.
+// It times every call sent through rdb, to show Redis's stalls on the
+// locks.
 func NewLockClients(rdb redis.UniversalClient, log logr.Logger, metrics *redislock.Metrics) *LockClients {
-	return &LockClients{rdb: rdb, log: log, metrics: metrics, now: time.Now, clients: map[leaseTerms]*lockClient{}}
+	stalls := newStallWatch()
+	rdb.AddHook(stalls)
+	return &LockClients{rdb: rdb, log: log, metrics: metrics, now: time.Now, stalls: stalls, clients: map[leaseTerms]*lockClient{}}
 }
 
 // For returns the Client for the terms, creating it on first use. It also

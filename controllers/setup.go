@@ -44,6 +44,13 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	stopped := make(chan struct{})
 	r.stopped = stopped
 	r.keyReleases = newShardedReleases(r.Locks.Redis(), r.wake)
+	// A stall shows at once on the locks whose keys this process holds:
+	// no other event would wake them while they are held steadily.
+	r.Locks.stalls.notify(func() {
+		for _, key := range r.grants.keys() {
+			r.wake(key)
+		}
+	})
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		<-ctx.Done()
 		close(stopped)

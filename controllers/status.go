@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers/decide"
@@ -40,7 +42,7 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 		case s.notReady != nil:
 			setCondition(l, locksv1.ConditionReady, metav1.ConditionFalse, s.notReady.reason, s.notReady.message)
 		default:
-			setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the key is this namespace's to use")
+			r.showReachable(s, l)
 		}
 		switch {
 		case s.notALock:
@@ -94,6 +96,25 @@ func (r *DistributedLockReconciler) computeStatuses(ctx context.Context, s *scop
 	for _, l := range s.Revoked {
 		r.revokedStatus(s, l)
 	}
+}
+
+// showReachable sets the Ready condition of a lock whose key Redis answered
+// for: RedisReachable, or, for stallShown after Redis stalled, RedisSlow
+// with the stall's longest call, announced with a Warning Event as the
+// lock turns so.
+func (r *DistributedLockReconciler) showReachable(s *scope, l *locksv1.DistributedLock) {
+	took, at, left := r.Locks.stalls.latest()
+	if left <= 0 {
+		setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisReachable", "Redis answered, and the key is this namespace's to use")
+		return
+	}
+	msg := fmt.Sprintf("Redis answered, but it stalled: a call of the manager's took %s, ending at %s; a hold is lost when no renewal succeeds within its lease (%s for this lock)",
+		took.Round(100*time.Millisecond), at.UTC().Format(time.RFC3339), shortDuration(termsOf(l).lease))
+	if was := meta.FindStatusCondition(s.before[client.ObjectKeyFromObject(l)].Status.Conditions, locksv1.ConditionReady); was == nil || was.Reason != "RedisSlow" {
+		s.announce(announcement{about: []*locksv1.DistributedLock{l}, object: l, eventType: corev1.EventTypeWarning, reason: "RedisSlow", message: msg})
+	}
+	setCondition(l, locksv1.ConditionReady, metav1.ConditionTrue, "RedisSlow", msg)
+	s.requeue(left)
 }
 
 // maxListed is how many pods status.waiting and status.blocked list at most.
