@@ -43,7 +43,14 @@ import (
 // CrashLoopBackOff, the phase Running), is restarted, the pod completes; a
 // pod is deleted (its kubelet learns of it a step later or more, and
 // restarts containers until then; then it stops the pod and the object
-// goes); Redis loses the key; lock X lifts its gate; lock B is created
+// goes); Redis loses the key, or its lease runs out (the same to the model,
+// which has no clock: the fencing counter lives on); Redis restarts empty,
+// losing the key and its fencing counter, so the next tokens are below the
+// recorded ones; lock A's selector is edited to leave p1 out; a replica
+// restarts (its reconcile abandoned where it was, its memory gone, its
+// cache listed afresh) with flags that no longer share the key with
+// namespace b, so that lock B is refused the key while the other replica
+// still shares it; lock X lifts its gate; lock B is created
 // (after the replicas' caches were filled: the check past the cache reads
 // only the locks a replica's cache knows), and deleted and created again
 // once its finalizer lets it go (its status starts empty); each replica's
@@ -57,7 +64,9 @@ import (
 // does not name; and when the controller releases the key (a give-back or
 // a force release) while the pod holding it runs.
 //
-// LOCKWARDEN_MODELCHECK_DEPTH sets the depth (default modelDepth).
+// Two faults at most happen in one exploration (deletions, losses, edits,
+// restarts). LOCKWARDEN_MODELCHECK_DEPTH sets the depth (default
+// modelDepth).
 func TestModelCheck(t *testing.T) {
 	depth := depthOf(t, modelDepth)
 	start := time.Now()
@@ -99,7 +108,38 @@ func TestModelCheckALockNotYetCached(t *testing.T) {
 	}
 }
 
-// depthOf is LOCKWARDEN_MODELCHECK_DEPTH, or def.
+// TestModelCheckFromBsRunningGrant explores every interleaving from a grant
+// of the shared key through the second namespace's lock: r0 granted it to
+// p2 through lock B, recorded the grant and its lift on both locks, and p2
+// runs; both caches show it. From there the faults that concern such a
+// grant come within reach of the depth make test explores: a replica
+// restarting with flags that no longer share the key with namespace b (B is
+// then refused the key, and its record of p2's grant must keep p2's grant
+// while p2 runs), Redis losing the key or restarting empty (its fencing
+// counter lost, so the next tokens are below the recorded ones), lock A's
+// selector edited, p2 deleted or its container restarted in place.
+func TestModelCheckFromBsRunningGrant(t *testing.T) {
+	s := initialState()
+	s.api.locks[1] = mLock{exists: true, rv: 3, grant: mGrant{pod: 2, token: 1, lifted: true}, highest: 1}
+	s.api.locks[0].highest, s.api.locks[0].rv = 1, 2
+	s.api.pods[2].gate, s.api.pods[2].kubelet, s.api.pods[2].rv = false, kRunning, 3
+	s.redis = mRedis{holder: 2, count: 1, token: 1, counter: 1}
+	s.reps[0].cache, s.reps[1].cache = s.api, s.api
+	s.reps[0].memory = 2
+	c := &checker{depthOf: map[mState]int8{}, depth: depthOf(t, fromBsGrantDepth)}
+	c.run(s)
+	t.Logf("depth %d: %d states explored, %d transitions", c.depth, len(c.depthOf), c.transitions)
+	if c.failure != "" {
+		t.Fatalf("after %d steps: %s\n%s", len(c.trace), c.failure, strings.Join(c.trace, "\n"))
+	}
+}
+
+// fromBsGrantDepth is the depth make test explores from B's running grant.
+const fromBsGrantDepth = 7
+
+// depthOf is def, deepened by as many steps as LOCKWARDEN_MODELCHECK_DEPTH
+// asks TestModelCheck for beyond modelDepth: the tests that start from a
+// prepared state go as many steps deeper as the main one.
 func depthOf(t *testing.T, def int) int {
 	v := os.Getenv("LOCKWARDEN_MODELCHECK_DEPTH")
 	if v == "" {
@@ -109,7 +149,7 @@ func depthOf(t *testing.T, def int) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d
+	return def + d - modelDepth
 }
 
 // notYetCachedDepth is the depth make test explores from a lock not yet
@@ -176,6 +216,9 @@ type mLock struct {
 type mAPI struct {
 	pods  [nPods]mPod
 	locks [nLocks]mLock
+	// deselected: lock A's candidate selector was edited to leave p1 out
+	// (p1 keeps A's gate).
+	deselected bool
 }
 
 // mRedis is the key's one ownership, as the library's scripts keep it.
@@ -207,6 +250,11 @@ type mReplica struct {
 	took   bool // this reconcile took a level of the hold
 	lift   bool // a gate will be lifted with this take
 	memory int8 // the pod this process last granted the key to
+	// unshared: this replica's flags no longer share the key with
+	// namespace b (a new --shared-key rolls out one replica at a time), so
+	// lock B is refused the key: it grants nothing, and its record of a
+	// grant is kept until the pod stops.
+	unshared bool
 }
 
 type mState struct {
@@ -352,8 +400,38 @@ func steps(s mState) []step {
 		}
 		s.faults--
 		s.redis.holder, s.redis.count, s.redis.token = none, 0, 0
-		return s, "Redis loses the key", ""
+		return s, "Redis loses the key, or its lease runs out (a replica's renewals fail)", ""
 	})
+	out = append(out, func(s mState) (mState, string, string) {
+		// The counter goes with the key: tokens start again below the
+		// ones recorded (and the clock, which they follow, is behind).
+		if s.faults == 0 || s.redis.counter == 0 {
+			return s, "", ""
+		}
+		s.faults--
+		s.redis = mRedis{holder: none}
+		return s, "Redis restarts empty: the key and its fencing counter are lost", ""
+	})
+	out = append(out, func(s mState) (mState, string, string) {
+		if s.faults == 0 || s.api.deselected {
+			return s, "", ""
+		}
+		s.faults--
+		s.api.deselected, s.api.locks[0].rv = true, s.api.locks[0].rv+1
+		return s, "lock A's selector is edited to leave p1 out", ""
+	})
+	for r := range nReplicas {
+		out = append(out, func(s mState) (mState, string, string) {
+			if s.faults == 0 || s.reps[r].unshared {
+				return s, "", ""
+			}
+			// The restart ends its reconcile where it was, and forgets
+			// its grants; its new cache starts from a full list.
+			s.faults--
+			s.reps[r] = mReplica{cache: s.api, pc: pcIdle, target: none, memory: none, unshared: true}
+			return s, fmt.Sprintf("r%d restarts with flags that no longer share the key with namespace b", r), ""
+		})
+	}
 	out = append(out, func(s mState) (mState, string, string) {
 		b := &s.api.locks[1]
 		if b.exists {
@@ -515,6 +593,10 @@ func replicaStep(s mState, r int) (mState, string, string) {
 		if !view.exists {
 			return s, fmt.Sprintf("%s does not know lock %s", name, lockNm[l]), ""
 		}
+		if l == 1 && rep.unshared {
+			// A lock of a namespace that may not use the key learns nothing of it.
+			return s, fmt.Sprintf("%s records nothing on refused lock %s", name, lockNm[l]), ""
+		}
 		want := *view
 		want.highest = max(want.highest, rep.token)
 		if rep.target != none && podNS[rep.target] == lockNS[l] {
@@ -613,7 +695,7 @@ func giveBack(s mState, r int, why string) (mState, string, string) {
 func read(s mState, r int) (mState, string, string) {
 	rep := &s.reps[r]
 	rep.view, rep.took, rep.lift, rep.target, rep.token = rep.cache, false, false, none, 0
-	v := viewOf(rep.view, s.redis, rep.memory)
+	v := viewOf(rep.view, s.redis, rep.memory, !rep.unshared)
 	name := fmt.Sprintf("r%d", r)
 	if h := s.redis.holder; h != none && h != outsider {
 		if pod := rep.view.pods[h]; pod.gone || Stopped(podObject(pod, int(h))) {
@@ -666,23 +748,33 @@ func read(s mState, r int) (mState, string, string) {
 
 func podIndex(p *corev1.Pod) int8 { return int8(p.Name[1] - '0') }
 
-// viewOf is the decide.View of what a replica read.
-func viewOf(api mAPI, redis mRedis, memory int8) *View {
-	v := &View{Key: "k", MayUse: map[string]bool{"a": true, "b": true}, ByUID: map[types.UID]*corev1.Pod{},
-		Selects: func(l *locksv1.DistributedLock, p *corev1.Pod) bool { return p.Labels[locksv1.LockLabel] == l.Name }}
+// viewOf is the decide.View of what a replica read; sharesB says whether
+// its flags share the key with namespace b.
+func viewOf(api mAPI, redis mRedis, memory int8, sharesB bool) *View {
+	v := &View{Key: "k", MayUse: map[string]bool{"a": true, "b": sharesB}, ByUID: map[types.UID]*corev1.Pod{},
+		Selects: func(l *locksv1.DistributedLock, p *corev1.Pod) bool {
+			return p.Labels[locksv1.LockLabel] == l.Name && !(api.deselected && l.Name == "A" && p.Name == "p1")
+		}}
 	for l := range api.locks {
-		if api.locks[l].exists {
+		switch {
+		case !api.locks[l].exists:
+		case v.MayUse[lockNS[l]]:
 			v.Locks = append(v.Locks, lockObject(api.locks[l], l))
+		default:
+			v.Revoked = append(v.Revoked, lockObject(api.locks[l], l))
 		}
 	}
-	// The scope holds the pods of the namespaces of the locks it read.
+	// The scope holds the pods of the namespaces of the locks it read; the
+	// candidates are those a live lock selects.
 	for p := range api.pods {
 		if api.pods[p].gone || !api.locks[podLock[p]].exists {
 			continue
 		}
 		obj := podObject(api.pods[p], p)
 		v.ByUID[obj.UID] = obj
-		v.Candidates = append(v.Candidates, obj)
+		if len(v.SelectorsOf(obj)) > 0 {
+			v.Candidates = append(v.Candidates, obj)
+		}
 	}
 	if memory != none {
 		v.Memory = types.UID(fmt.Sprintf("p%d", memory))
