@@ -7,15 +7,18 @@
 // the grantee and where that comes from (a lock's status.grant, Redis, or
 // memory), whether its hold is kept, taken again or in conflict, whom it
 // blocks and which gates it lifts. Nothing else decides who holds a key.
-// The phases then act on that answer, in order (release.go: release
-// stopped holders and forget ended grants; sticky.go: keep the grant;
-// grant.go: grant the next candidate; record.go: check past the cache and
-// record the grant; marks.go: the pods' marks and gates, a gate lifted only
-// once its lock records the lift; deletion.go: let deleted locks go;
-// startup.go: watch the holder start), and the statuses are computed on
-// every exit (status.go, explain.go, failure.go: a failed write is a reason
-// on the status and a Warning Event, never a status left unwritten) and
-// written last, each preconditioned on the lock's resourceVersion. Pods
+// The phases then decide, in order, what follows from that answer, and
+// return it as writes (release.go: release stopped holders and forget ended
+// grants; sticky.go: keep the grant; grant.go: grant the next candidate;
+// record.go: check past the cache and record the grant; marks.go: the pods'
+// marks and gates, a gate lifted only once its lock records the lift;
+// deletion.go: let deleted locks go; startup.go: watch the holder start).
+// One writer (writer.go) makes each phase's writes, with each write's
+// failure policy, before the next phase decides. The statuses are computed
+// on every exit (status.go, explain.go, failure.go: a failed write is a
+// reason on the status and a Warning Event, never a status left
+// unwritten) and written last, each preconditioned on the lock's
+// resourceVersion, with the Events that announce them (announce.go). Pods
 // whose gate no lock can lift are told so by the gate checker (gates.go).
 package controllers
 
@@ -28,7 +31,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,7 +39,6 @@ import (
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -144,26 +145,6 @@ func (r *DistributedLockReconciler) describe(ctx context.Context, s *scope) (ctr
 	return ctrl.Result{}, nil
 }
 
-// addFinalizers gives each live lock of the key that may use it the
-// finalizer before anything is granted or marked for it, so that its
-// deletion releases whatever it was given. A lock of a namespace that may
-// not use the key gets none: it is given nothing.
-func (r *DistributedLockReconciler) addFinalizers(ctx context.Context, s *scope) error {
-	for _, l := range s.Locks {
-		if controllerutil.ContainsFinalizer(l, locksv1.Finalizer) {
-			continue
-		}
-		patch := client.MergeFromWithOptions(l.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.AddFinalizer(l, locksv1.Finalizer)
-		if err := r.Patch(ctx, l, patch); err != nil {
-			controllerutil.RemoveFinalizer(l, locksv1.Finalizer)
-			return &lockUpdateError{lock: l, err: err}
-		}
-		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
-	}
-	return nil
-}
-
 // runPhases runs the phases in order, and computes the statuses on every
 // exit: a Redis failure stops them and shows as RedisUnavailable; a key
 // holding data that is not a lock runs only the finalizers and shows as
@@ -177,24 +158,33 @@ func (r *DistributedLockReconciler) runPhases(ctx context.Context, s *scope) (ct
 		r.backoff.succeeded(s.Key)
 		// Only a new key can fix it; deleting the lock lets it go, with no
 		// grant of the key to release.
-		err := r.finalizeDeleted(ctx, s)
+		actions, err := r.finalizeDeleted(ctx, s)
+		if err == nil {
+			err = r.apply(ctx, s, actions, true)
+		}
 		r.computeStatuses(ctx, s)
 		return ctrl.Result{}, err
 	}
 	for _, phase := range []struct {
-		name string
-		run  func(context.Context, *scope) error
+		name   string
+		decide func(context.Context, *scope) ([]action, error)
+		// independent: each write goes on its own (writer.go's apply).
+		independent bool
 	}{
-		{"release stopped holders", r.releaseStopped},
-		{"forget ended grants", r.forgetEndedGrants},
-		{"keep grants", r.keepGrants},
-		{"grant", r.grantNext},
-		{"record the grant", r.recordGrant},
-		{"mark pods", r.markPods},
-		{"finalize deleted locks", r.finalizeDeleted},
-		{"watch startup", r.watchStartup},
+		{"release stopped holders", r.releaseStopped, false},
+		{"forget ended grants", r.forgetEndedGrants, false},
+		{"keep grants", r.keepGrants, false},
+		{"grant", r.grantNext, false},
+		{"record the grant", r.recordGrant, false},
+		{"mark pods", r.markPods, false},
+		{"finalize deleted locks", r.finalizeDeleted, true},
+		{"watch startup", r.watchStartup, false},
 	} {
-		if err := phase.run(ctx, s); err != nil {
+		actions, err := phase.decide(ctx, s)
+		if err == nil {
+			err = r.apply(ctx, s, actions, phase.independent)
+		}
+		if err != nil {
 			if isRedisError(err) {
 				return r.redisFailed(ctx, s, err)
 			}
@@ -307,53 +297,6 @@ func (r *DistributedLockReconciler) unread(s *scope, u unreadKey) {
 		r.revokedStatus(s, l)
 	}
 	s.described = true
-}
-
-// patchStatuses writes the status of every lock in the scope that changed.
-// A refused lock's write failing fails nothing else: the lock is another
-// namespace's, whose tenant must not be able to hold this key's reconciles
-// back.
-//
-// Then it sends the announcements about the statuses it wrote.
-func (r *DistributedLockReconciler) patchStatuses(ctx context.Context, s *scope) error {
-	var errs []error
-	written := map[*locksv1.DistributedLock]bool{}
-	for _, l := range s.All() {
-		before := s.before[client.ObjectKeyFromObject(l)]
-		if before == nil {
-			continue
-		}
-		err := r.patchStatus(ctx, before, l, s.described)
-		written[l] = err == nil
-		if err != nil && slices.Contains(s.Revoked, l) {
-			log.FromContext(ctx).Error(err, "cannot write a refused lock's status", "lock", client.ObjectKeyFromObject(l))
-			continue
-		}
-		errs = append(errs, err)
-	}
-	r.announceWritten(s, written)
-	return kerrors.NewAggregate(errs)
-}
-
-// patchStatus writes the status if, and only if, it changed, so holding a
-// lock steadily writes nothing to the API server. The write is
-// preconditioned on the lock's resourceVersion: a manager that read the
-// lock before another wrote it (a grant's record, say) must not write over
-// it, however long it was paused. observedGeneration is stamped only when
-// the reconcile computed the lock's status from this generation
-// (described): a status written on an exit that computed none (a record
-// written before a failure) does not claim to describe it.
-func (r *DistributedLockReconciler) patchStatus(ctx context.Context, before, lock *locksv1.DistributedLock, described bool) error {
-	if described {
-		lock.Status.ObservedGeneration = lock.Generation
-		for i := range lock.Status.Conditions {
-			lock.Status.Conditions[i].ObservedGeneration = lock.Generation
-		}
-	}
-	if equality.Semantic.DeepEqual(before.Status, lock.Status) {
-		return nil
-	}
-	return client.IgnoreNotFound(r.Status().Patch(ctx, lock, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})))
 }
 
 func setCondition(lock *locksv1.DistributedLock, condition string, status metav1.ConditionStatus, reason, message string) {

@@ -2,51 +2,33 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/lockwarden/lockwarden/controllers/decide"
-	"github.com/lockwarden/lockwarden/pkg/redislock"
 )
 
-// grantNext gives the free key to the first eligible candidate, holding it
-// in Redis under the owner ID "<pod UID>:0". Nothing is granted while a
-// grant is out (sticky until its pod stops) or in conflict. The grant is
-// recorded, and checked past the cache, before any gate is lifted with it
-// (recordGrant).
-func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) error {
+// grantNext decides to give the free key to the first eligible candidate,
+// holding it in Redis under the owner ID "<pod UID>:0" (take). Nothing is
+// granted while a grant is out (sticky until its pod stops) or in
+// conflict. The grant is recorded, and checked past the cache, before any
+// gate is lifted with it (recordGrant).
+func (r *DistributedLockReconciler) grantNext(ctx context.Context, s *scope) ([]action, error) {
 	if len(s.Holders) > 0 || s.grantee != nil || s.conflict {
-		return nil
+		return nil, nil
 	}
 	for _, pod := range s.Candidates {
 		why, err := r.whyWaits(ctx, s, pod)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if why != "" {
-			continue
+		if why == "" {
+			return []action{take{pod: pod}}, nil
 		}
-		terms, c, err := r.clientFor(s, pod)
-		if err != nil {
-			return err
-		}
-		hold, err := acquire(ctx, c, s.Key, ownerFor(pod.UID))
-		if errors.Is(err, redislock.ErrWaitTimeout) {
-			return s.reread(ctx) // taken meanwhile
-		}
-		if err != nil {
-			return err
-		}
-		r.remember(s, pod, terms, hold)
-		s.Holders = []holder{{Owner: string(ownerFor(pod.UID)), PodUID: pod.UID, Pod: pod}}
-		s.info.Token = hold.Token()
-		s.grantee, s.taken, s.newGrant = pod, hold, true
-		return nil
 	}
-	return nil
+	return nil, nil
 }
 
 // whyWaits says why a candidate may not be granted the key now, or "" if

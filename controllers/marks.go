@@ -2,21 +2,17 @@ package controllers
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
-// markPods brings every pod of the scope (which holds each pod that carries
+// markPods decides to bring every pod of the scope (which holds each pod that carries
 // a mark or gate of its locks) to the marks it should carry for each live
 // lock of its namespace: the holder carries the marks of the locks that
 // select it, gate it or marked it before, and if the controller holds the
@@ -28,10 +24,11 @@ import (
 // marks of a lock being deleted are finalizeDeleted's.
 //
 // The holder's patch, which lifts its gates, is written first, and only its
-// failure fails the key: another pod's marks are for display, and a pod its
-// tenant made hard to patch (the manager-writes policy refusing it, say)
-// must not hold the key back for everyone.
-func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) error {
+// failure fails the key (mark): another pod's marks are for display, and a
+// pod its tenant made hard to patch (the manager-writes policy refusing
+// it, say) must not hold the key back for everyone.
+func (r *DistributedLockReconciler) markPods(_ context.Context, s *scope) ([]action, error) {
+	var out []action
 	holderPod := s.HolderPod()
 	pods := s.pods
 	if i := slices.Index(pods, holderPod); i > 0 {
@@ -64,16 +61,9 @@ func (r *DistributedLockReconciler) markPods(ctx context.Context, s *scope) erro
 				clearMarks(want, l.Name)
 			}
 		}
-		if err := r.patchPod(ctx, pod, want); err != nil {
-			if pod == holderPod {
-				return &podUpdateError{pod: pod, err: err}
-			}
-			log.FromContext(ctx).Error(err, "cannot update a pod's marks", "key", s.Key, "pod", client.ObjectKeyFromObject(pod))
-		} else if len(want.Spec.SchedulingGates) < len(pod.Spec.SchedulingGates) {
-			log.FromContext(ctx).Info("lifted the lock's gate", "key", s.Key, "pod", pod.Name, "uid", pod.UID, "token", s.info.Token)
-		}
+		out = append(out, mark{pod: pod, want: want, holder: pod == holderPod})
 	}
-	return nil
+	return out, nil
 }
 
 // liftGate removes the lock's gate from the pod. The lift goes in the same
@@ -83,35 +73,6 @@ func liftGate(pod *corev1.Pod, lock string) {
 	pod.Spec.SchedulingGates = slices.DeleteFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
 		return g.Name == locksv1.GateFor(lock)
 	})
-}
-
-// patchPod writes the difference between pod and want, if any, as a merge
-// patch of the labels and annotations that changed, key by key, and of
-// the whole gate list if it changed, preconditioned on the pod's
-// resourceVersion: a concurrent change to the gates must fail the patch
-// rather than be overwritten. The cache keeps only lockwarden's own
-// annotations (stripPod), so the patch must never set the annotations as a
-// whole: once the marks are cleared, that would delete every other tool's.
-func (r *DistributedLockReconciler) patchPod(ctx context.Context, pod, want *corev1.Pod) error {
-	metadata := map[string]any{"resourceVersion": pod.ResourceVersion}
-	patch := map[string]any{"metadata": metadata}
-	if changes := changedKeys(pod.Labels, want.Labels); len(changes) > 0 {
-		metadata["labels"] = changes
-	}
-	if changes := changedKeys(pod.Annotations, want.Annotations); len(changes) > 0 {
-		metadata["annotations"] = changes
-	}
-	if !slices.Equal(pod.Spec.SchedulingGates, want.Spec.SchedulingGates) {
-		patch["spec"] = map[string]any{"schedulingGates": want.Spec.SchedulingGates}
-	}
-	if len(metadata) == 1 && patch["spec"] == nil {
-		return nil
-	}
-	data, err := json.Marshal(patch)
-	if err != nil {
-		return err
-	}
-	return client.IgnoreNotFound(r.Patch(ctx, want, client.RawPatch(types.MergePatchType, data)))
 }
 
 // changedKeys is the merge patch from before to after: each new or changed

@@ -1,13 +1,9 @@
 package controllers
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -15,14 +11,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
-// recordGrant records the controller's hold of the key in the statuses of
-// the locks naming it, before markPods may lift a gate with it: the highest
+// recordGrant decides to record the controller's hold of the key in the
+// statuses of the locks naming it, before markPods may lift a gate with it: the highest
 // fencing token on each (status.highestToken, which the API server keeps
 // from decreasing), and the grant itself (status.grant) on the locks of its
 // pod's namespace. Before a gate is lifted, it checks past the cache that
@@ -39,24 +34,19 @@ import (
 // admission policy of config/admission refuses a lift whose token is below
 // the lock's record.
 //
-// A new grant and a re-take fail apart: only a take that a gate would be
-// lifted with is ever given back when it cannot be checked or recorded; a
-// take with no gate to lift keeps its hold while the record is retried.
-func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) error {
+// A new grant and a re-take fail apart (writeRecord): only a take that a
+// gate would be lifted with is ever given back when it cannot be checked
+// or recorded; a take with no gate to lift keeps its hold while the record
+// is retried.
+func (r *DistributedLockReconciler) recordGrant(_ context.Context, s *scope) ([]action, error) {
 	var pod *corev1.Pod
 	if len(s.Holders) > 0 && s.Holders[0].ByController() && s.Holders[0].Pod != nil {
 		pod = s.Holders[0].Pod
 	}
 	lifting := pod != nil && s.Lifting(pod)
+	var out []action
 	if lifting {
-		switch behind, err := r.confirmNoOtherGrant(ctx, s, pod); {
-		case behind:
-			return r.tokenBehind(ctx, s, pod)
-		case err != nil:
-			// Another grant may be out: neither this reconcile's take nor
-			// its level of an adopted hold is kept (only one of them is set).
-			return r.giveBack(ctx, s, pod, cmp.Or(s.taken, s.adopted), err)
-		}
+		out = append(out, confirm{pod: pod})
 	}
 	token := s.info.Token
 	for _, l := range append(slices.Clip(s.Locks), s.Deleting...) {
@@ -72,42 +62,14 @@ func (r *DistributedLockReconciler) recordGrant(ctx context.Context, s *scope) e
 				status["grant"] = grant
 			}
 		}
-		if len(status) == 0 {
-			continue
-		}
-		err := r.patchStatusFields(ctx, s, l, status)
-		switch {
-		case apierrors.IsNotFound(err) && lifting:
-			// Deleted since the scope was read: the view is stale, and a gate
-			// of a lock that is gone is not lifted.
-			return r.giveBack(ctx, s, pod, s.taken, fmt.Errorf("lock %s/%s is gone: %w", l.Namespace, l.Name, err))
-		case apierrors.IsNotFound(err):
-			continue
-		case apierrors.IsInvalid(err) && lifting:
-			return r.tokenBehind(ctx, s, pod)
-		case err != nil && lifting:
-			// A pod whose gate was lifted already, as the API server shows,
-			// holds a recorded grant (no gate is lifted before its record):
-			// the take is kept for it, as a re-take's is. Decided on a view
-			// in which it was still gated, the take is otherwise given back.
-			if ungated, readErr := r.ungatedPastCache(ctx, s, pod); readErr != nil || !ungated {
-				return r.giveBack(ctx, s, pod, s.taken, errors.Join(err, readErr))
-			}
-			return err
-		case err != nil:
-			// A take no gate is lifted with (a re-take for a grantee that
-			// may run, a grant to a pod without a gate) keeps its hold, and
-			// the record is tried again: giving it back would publish a
-			// release under a pod that may run, and wake every waiter
-			// outside the controller.
-			return err
+		if len(status) > 0 {
+			out = append(out, writeRecord{lock: l, fields: status, pod: pod, lifting: lifting})
 		}
 	}
 	if s.newGrant && pod != nil {
-		log.FromContext(ctx).Info("granted the lock", "key", s.Key, "pod", pod.Name, "uid", pod.UID, "token", token)
-		r.tellGranted(s, pod, token)
+		out = append(out, granted{pod: pod, token: token})
 	}
-	return nil
+	return out, nil
 }
 
 // grantRecord is the lock's record of the controller's grant to the pod:
@@ -128,49 +90,6 @@ func (s *scope) grantRecord(l *locksv1.DistributedLock, pod *corev1.Pod) (*locks
 		return &next, true
 	}
 	return nil, false
-}
-
-// patchStatusFields writes the status fields to the lock, preconditioned on
-// its resourceVersion, and keeps the scope's copies in step with the result.
-func (r *DistributedLockReconciler) patchStatusFields(ctx context.Context, s *scope, l *locksv1.DistributedLock, status map[string]any) error {
-	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": l.ResourceVersion}, "status": status})
-	if err != nil {
-		return err
-	}
-	written := l.DeepCopy()
-	if err := r.Status().Patch(ctx, written, client.RawPatch(types.MergePatchType, data)); err != nil {
-		return err
-	}
-	l.ResourceVersion = written.ResourceVersion
-	l.Status.HighestToken, l.Status.Grant = written.Status.HighestToken, written.Status.Grant
-	if before := s.before[client.ObjectKeyFromObject(l)]; before != nil {
-		before.ResourceVersion = written.ResourceVersion
-		before.Status.HighestToken, before.Status.Grant = written.Status.HighestToken, written.Status.Grant.DeepCopy()
-	}
-	return nil
-}
-
-// tokenBehind gives back the pod's hold of the key, whose token is below
-// one recorded for the key: Redis hands out tokens below one it handed out
-// before (a restart that lost the counter, while this manager's clock is
-// behind the clock of the client that took the last grant). Tokens follow
-// the clock: the key is tried again every second, and taken once this clock
-// has passed the recorded token. The whole ownership goes, whoever took it
-// (this reconcile, or another manager, before a restart or beside this
-// one): the admission policy refuses a lift with its token, so no gate was
-// lifted with it, and none could be. Only that ownership, judged by its
-// token: another manager may have taken the key again for the pod since,
-// with a token above the record, and lifted the gate with it.
-func (r *DistributedLockReconciler) tokenBehind(ctx context.Context, s *scope, pod *corev1.Pod) error {
-	s.notReady = &condition{"FencingTokenBehind", fmt.Sprintf(
-		"a fencing token above %d, the one Redis gave the latest grant, is recorded for the key: the grant was given back, and is tried again every second", s.info.Token)}
-	s.requeue(time.Second)
-	if _, err := s.client.ForceReleaseOwnership(ctx, s.Key, string(pod.UID), s.info.Token); err != nil {
-		return err
-	}
-	r.grants.drop(s.Key, pod.UID)
-	s.Holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
-	return nil
 }
 
 // confirmNoOtherGrant reads the key's locks past the cache and fails if one
@@ -201,24 +120,6 @@ func (r *DistributedLockReconciler) confirmNoOtherGrant(ctx context.Context, s *
 		}
 	}
 	return false, nil
-}
-
-// giveBack undoes the level of the pod's hold that this reconcile took,
-// hold, which must not be used, if it is not nil; it returns why (nil if it
-// is no failure). It undoes that level only: the owner ID is the pod's, so
-// another manager that took the key for the same pod meanwhile re-entered
-// the same ownership, and may have recorded its grant and lifted the gate
-// with it.
-func (r *DistributedLockReconciler) giveBack(ctx context.Context, s *scope, pod *corev1.Pod, hold *handle, why error) error {
-	if hold == nil {
-		return why
-	}
-	if err := giveUp(ctx, hold); err != nil {
-		return errors.Join(why, fmt.Errorf("giving the hold back failed: %w", err))
-	}
-	r.grants.drop(s.Key, pod.UID)
-	s.Holders, s.grantee, s.taken, s.adopted = nil, nil, nil, nil
-	return why
 }
 
 // ungatedPastCache reports whether the API server shows the pod without the

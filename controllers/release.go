@@ -2,43 +2,27 @@ package controllers
 
 import (
 	"context"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/lockwarden/lockwarden/controllers/decide"
 )
 
-// releaseStopped force-releases the holders whose pod has stopped or is
-// gone, whether the controller granted them the key or they took it with
-// an in-pod client. Nothing is released without evidence from the API
-// server (releasable). Holders that are no pod of the scope's namespaces
-// (another namespace's, another cluster's, a plain client's) are left alone.
-func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope) error {
-	var remaining []holder
+// releaseStopped decides to force-release the holders whose pod has
+// stopped or is gone, whether the controller granted them the key or they
+// took it with an in-pod client. Nothing is released without evidence from
+// the API server (releasable). Holders that are no pod of the scope's
+// namespaces (another namespace's, another cluster's, a plain client's) are
+// left alone.
+func (r *DistributedLockReconciler) releaseStopped(_ context.Context, s *scope) ([]action, error) {
+	var out []action
 	for _, h := range s.Holders {
-		name, namespace, why := s.releasable(h)
-		if why == "" {
-			remaining = append(remaining, h)
-			continue
-		}
-		if _, err := s.client.ForceReleaseClient(ctx, s.Key, string(h.PodUID)); err != nil {
-			return err
-		}
-		r.grants.drop(s.Key, h.PodUID)
-		if h.Pod != nil {
-			r.Metrics.observeRelease(time.Since(decide.StopTime(h.Pod)))
-		}
-		log.FromContext(ctx).Info("released the lock of a stopped pod", "key", s.Key, "pod", name, "owner", h.Owner)
-		r.eventf(s, namespace, corev1.EventTypeNormal, "HolderTerminated", "Released %s: holder pod %s %s", s.Key, name, why)
-		for _, l := range s.LocksIn(namespace) {
-			r.Metrics.transition(l, "holder_terminated")
+		if name, namespace, why := s.releasable(h); why != "" {
+			out = append(out, release{holder: h, name: name, namespace: namespace, why: why})
 		}
 	}
-	s.Holders = remaining
-	return nil
+	return out, nil
 }
 
 // forgetEndedGrants clears the locks' records of grants that are over: their
@@ -46,8 +30,9 @@ func (r *DistributedLockReconciler) releaseStopped(ctx context.Context, s *scope
 // server said, while the scope was loaded, that it is gone. Nothing else
 // ends a record; a lock's record of another manager's later grant is kept
 // from being cleared by a stale one by the resourceVersion every status
-// write is preconditioned on.
-func (r *DistributedLockReconciler) forgetEndedGrants(_ context.Context, s *scope) error {
+// write is preconditioned on. The records are cleared in the statuses
+// patchStatuses writes: it decides no write of its own.
+func (r *DistributedLockReconciler) forgetEndedGrants(_ context.Context, s *scope) ([]action, error) {
 	for _, l := range s.All() {
 		g := l.Status.Grant
 		if g == nil {
@@ -58,7 +43,7 @@ func (r *DistributedLockReconciler) forgetEndedGrants(_ context.Context, s *scop
 			l.Status.Grant = nil
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // releasable says why the holder's hold may be released, or "" if not.

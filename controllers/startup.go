@@ -7,8 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,16 +24,17 @@ const defaultStartTimeout = 5 * time.Minute
 // tried again: kubectl drain's interval.
 const evictionRetry = 5 * time.Second
 
-// watchStartup reports a holder the controller granted the lock to that has
+// watchStartup shows a holder the controller granted the lock to that has
 // not started within the startTimeout of its policy lock (policyLock: the
 // lock that lifted its gate, gates or selects it), counted from when its
-// last gate was lifted, and evicts it if that lock opts in; the lock is
-// released once the pod is gone. Another lock naming the same key sets
-// neither: its policy is for its own pods. A holder still behind a gate (waiting for its next
-// lock) is waiting, not late. One that started and then crash-loops is
+// last gate was lifted, and decides to evict it if that lock opts in
+// (evict); the lock is released once the pod is gone. Another lock naming
+// the same key sets neither: its policy is for its own pods. A holder
+// still behind a gate (waiting for its next lock) is waiting, not late. One that started and then crash-loops is
 // reported as such, never as not started. Until the deadline, it asks for
 // a look at the key when it falls.
-func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) error {
+func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) ([]action, error) {
+	var out []action
 	pod := s.HolderPod()
 	for _, l := range s.Locks {
 		if pod == nil || pod.Namespace != l.Namespace || !s.Holders[0].ByController() || decide.Stopped(pod) {
@@ -47,7 +46,7 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 		// late, not waiting.
 		_, problems, err := r.gateLocks(ctx, pod)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if gates := pod.Spec.SchedulingGates; len(gates) > 0 && len(problems) == 0 {
 			var names []string
@@ -90,31 +89,10 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 		}
 		setCondition(l, locksv1.ConditionHolderStarted, metav1.ConditionFalse, "NotStarted", msg)
 		if l == policy && l.Spec.DeleteUnstarted && pod.DeletionTimestamp.IsZero() {
-			// Only the pod seen here, as seen here: a pod that started since,
-			// or a new pod of the same name, is not evicted.
-			eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
-				DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID, ResourceVersion: &pod.ResourceVersion}}}
-			err := client.IgnoreNotFound(r.SubResource("eviction").Create(ctx, pod, eviction))
-			if apierrors.IsConflict(err) {
-				s.requeue(time.Second) // it changed: look again
-				continue
-			}
-			if apierrors.IsTooManyRequests(err) {
-				// A PodDisruptionBudget does not allow it now (or the API
-				// server throttles us). That is no failure to back off
-				// from: try again, as kubectl drain does.
-				r.Recorder.Eventf(l, corev1.EventTypeWarning, "EvictionRefused",
-					"Could not evict %s, which has not started within %v: the API server refused it for now (a PodDisruptionBudget, or throttling); trying again every %v", pod.Name, timeout, evictionRetry)
-				s.requeue(evictionRetry)
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			r.Recorder.Eventf(l, corev1.EventTypeWarning, "Evicted", "Evicted %s, which had not started within %v; the lock is released once it is gone", pod.Name, timeout)
+			out = append(out, evict{lock: l, pod: pod, timeout: timeout})
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // reportRestarts shows a holder that started: HolderStarted is True, with
