@@ -25,7 +25,7 @@ const defaultStartTimeout = 5 * time.Minute
 const evictionRetry = 5 * time.Second
 
 // watchStartup shows a holder the controller granted the lock to that has
-// not started within the startTimeout of its policy lock (policyLock: the
+// not started within the startTimeout of its policy lock (View.PolicyLock: the
 // lock that lifted its gate, gates or selects it), counted from when its
 // last gate was lifted, and decides to evict it if that lock opts in
 // (evict); the lock is released once the pod is gone. Another lock naming
@@ -65,7 +65,7 @@ func (r *DistributedLockReconciler) watchStartup(ctx context.Context, s *scope) 
 		if len(problems) > 0 {
 			why = problems[0].message
 		}
-		policy := s.policyLock(pod)
+		policy := s.PolicyLock(pod)
 		timeout := defaultStartTimeout
 		if policy != nil && policy.Spec.StartTimeout != nil {
 			timeout = policy.Spec.StartTimeout.Duration

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -100,38 +99,15 @@ func redactLoss(err error) string {
 }
 
 // clientFor is the Client, and its lease terms, through which the key is
-// held for the pod: those of the pod's policy lock (policyLock), or the
+// held for the pod: those of the pod's policy lock (View.PolicyLock), or the
 // API's defaults without one. A grant keeps its own lock's terms: another
 // tenant's lock on a shared key cannot shorten it.
 func (r *DistributedLockReconciler) clientFor(s *scope, pod *corev1.Pod) (leaseTerms, *redislock.Client, error) {
 	terms := defaultTerms
-	if l := s.policyLock(pod); l != nil {
+	if l := s.PolicyLock(pod); l != nil {
 		terms = termsOf(l)
 	}
 	c, err := r.Locks.For(terms)
 	return terms, c, err
 }
 
-// policyLock is the lock whose per-lock policy (lease terms, start timeout,
-// eviction) applies to the pod's grant of the key: the first by name of its
-// namespace's locks that records lifting its gate from the pod, else gates
-// it, else selects it, else marked it; nil if none does. Another lock of
-// the namespace naming the same key, which neither gates nor selects the
-// pod, never sets its policy.
-func (s *scope) policyLock(pod *corev1.Pod) *locksv1.DistributedLock {
-	locks := append(append(s.LocksIn(pod.Namespace), s.DeletingIn(pod.Namespace)...), decide.InNamespace(s.Revoked, pod.Namespace)...)
-	for _, claims := range []func(*locksv1.DistributedLock) bool{
-		func(l *locksv1.DistributedLock) bool {
-			st := l.Status.Grant
-			return st != nil && st.GateLifted && st.PodUID == string(pod.UID)
-		},
-		func(l *locksv1.DistributedLock) bool { return decide.HasGate(pod, locksv1.GateFor(l.Name)) },
-		func(l *locksv1.DistributedLock) bool { return selects(l, pod) },
-		func(l *locksv1.DistributedLock) bool { return decide.MarkedBy(pod, l.Name) },
-	} {
-		if i := slices.IndexFunc(locks, claims); i >= 0 {
-			return locks[i]
-		}
-	}
-	return nil
-}
