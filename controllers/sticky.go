@@ -110,4 +110,3 @@ func (r *DistributedLockReconciler) clientFor(s *scope, pod *corev1.Pod) (leaseT
 	c, err := r.Locks.For(terms)
 	return terms, c, err
 }
-
