@@ -58,7 +58,7 @@ HISTORY_SEED ?=
 FAULT_DURATION ?= 20m
 FAULT_SEED ?=
 # MODEL_DEPTH is how many steps make model-check explores every interleaving of.
-MODEL_DEPTH ?= 13
+MODEL_DEPTH ?= 12
 
 .DEFAULT_GOAL := help
 SHELL := /usr/bin/env bash -o pipefail
@@ -142,7 +142,7 @@ history: redis ## Run the history checker (lock histories under a seeded nemesis
 	  $(GO) test -race -count=1 -timeout 12h -run '^TestHistory(Cluster)?$$' -v ./pkg/redislock/
 
 .PHONY: model-check
-model-check: ## Explore every interleaving of the model check's world (controllers/decide TestModelCheck: two manager replicas with lagging caches, a kubelet, Redis losing the key) to MODEL_DEPTH steps (default 13, some 2.5 million states and 1 GB) instead of make test's 11 (8 from a lock not yet cached).
+model-check: ## Explore every interleaving of the model check's world (controllers/decide TestModelCheck: two manager replicas with lagging caches and restarts, a kubelet, Redis losing the key or its counter, selector edits, an un-shared key) to MODEL_DEPTH steps (default 12: 2.4 million states, 2.6 GB, some 80 s a core) instead of make test's 11; the tests from a prepared state go as many steps deeper (from 8 from a lock not yet cached, 7 from B's running grant).
 	LOCKWARDEN_MODELCHECK_DEPTH=$(MODEL_DEPTH) $(GO) test -count=1 -timeout 6h -run '^TestModelCheck' -v ./controllers/decide/
 
 .PHONY: fault
