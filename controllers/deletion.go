@@ -21,7 +21,6 @@ import (
 // go does not hold the others back.
 func (r *DistributedLockReconciler) finalizeDeleted(_ context.Context, s *scope) ([]action, error) {
 	var out []action
-	released := map[types.UID]bool{}
 	for _, d := range s.Deleting {
 		if p := s.WaitsFor(d); p != nil {
 			// The lift the lock's record promised, if it is still to be made
@@ -34,7 +33,7 @@ func (r *DistributedLockReconciler) finalizeDeleted(_ context.Context, s *scope)
 				"being deleted: pod %s, whose gate this lock lifted, keeps %s until it stops, and the lock goes then; to end its run now, delete the pod", p.Name, s.Key))
 			continue
 		}
-		steps := r.releaseGrantsOf(s, d, released)
+		steps := r.releaseGrantsOf(s, d)
 		out = append(out, append(steps, letGo{lock: d}))
 	}
 	return out, nil
@@ -49,13 +48,14 @@ func (r *DistributedLockReconciler) finalizeDeleted(_ context.Context, s *scope)
 // pod runs: the lock that lifted it waits for it, whether it is live,
 // refused or being deleted too. In-pod clients' holds are the pods' own.
 // Its pods still behind its gate stay gated, and are told why (gates.go).
-// released are the holders another deleting lock releases already.
-func (r *DistributedLockReconciler) releaseGrantsOf(s *scope, d *locksv1.DistributedLock, released map[types.UID]bool) inOrder {
+// Another deleting lock of the namespace decides the same releases; the
+// first to make one makes it (release).
+func (r *DistributedLockReconciler) releaseGrantsOf(s *scope, d *locksv1.DistributedLock) inOrder {
 	var out inOrder
 	for _, h := range s.Holders {
 		name := ""
 		switch gone, isGone := s.gone[h.PodUID]; {
-		case !h.ByController() || released[h.PodUID]:
+		case !h.ByController():
 		case h.Pod != nil && !decide.Stopped(h.Pod) && (s.LiftedFor(h.Pod) || s.RecordedByAnother(h.Pod, d)):
 		case h.Pod != nil && h.Pod.Namespace == d.Namespace && !s.Claimed(h.Pod):
 			name = h.Pod.Name
@@ -63,7 +63,6 @@ func (r *DistributedLockReconciler) releaseGrantsOf(s *scope, d *locksv1.Distrib
 			name = gone.Name
 		}
 		if name != "" {
-			released[h.PodUID] = true
 			out = append(out, release{holder: h, name: name, namespace: d.Namespace, deleting: d})
 		}
 	}
@@ -76,17 +75,16 @@ func (r *DistributedLockReconciler) releaseGrantsOf(s *scope, d *locksv1.Distrib
 	}
 	// The grants it ends are over: no lock of the namespace records them
 	// any more, or the record would name the grantee again (a grant lost to
-	// somebody else is taken back for its pod once the key is free).
+	// somebody else is taken back for its pod once the key is free). A
+	// record of a pod still held once the releases are made is kept
+	// (clearRecord).
 	for _, l := range s.LocksIn(d.Namespace) {
 		g := l.Status.Grant
 		if g == nil || g.GateLifted {
 			continue
 		}
-		if _, held := s.HeldBy(types.UID(g.PodUID)); held && !released[types.UID(g.PodUID)] {
-			continue
-		}
 		if p := s.ByUID[types.UID(g.PodUID)]; p == nil || !s.Claimed(p) {
-			out = append(out, clearRecord{lock: l})
+			out = append(out, clearRecord{lock: l, pod: types.UID(g.PodUID)})
 		}
 	}
 	// The marks are for display: one that cannot be cleared (a pod its

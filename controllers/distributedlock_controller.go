@@ -141,6 +141,9 @@ func (r *DistributedLockReconciler) describe(ctx context.Context, s *scope) (ctr
 	if s.redisErr != nil {
 		return r.redisFailed(ctx, s, s.redisErr)
 	}
+	if res := s.Resolve(); res.Grantee != nil && res.Conflict {
+		s.markConflict(res.Grantee)
+	}
 	r.computeStatuses(ctx, s)
 	return ctrl.Result{}, nil
 }
@@ -278,6 +281,8 @@ type unreadKey struct{ reason, event, ready, held, deleting string }
 // have lapsed meanwhile), and the rest of each status is left as it was.
 // One Warning Event is announced as each lock turns so, not one per retry.
 func (r *DistributedLockReconciler) unread(s *scope, u unreadKey) {
+	// What the phases announced is not what these statuses show.
+	s.announcements = nil
 	for _, l := range append(slices.Clip(s.Locks), s.Deleting...) {
 		if c := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady); c == nil || c.Reason != u.reason {
 			s.announce(announcement{about: []*locksv1.DistributedLock{l}, object: l, eventType: corev1.EventTypeWarning, reason: u.reason, message: u.event})

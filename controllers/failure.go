@@ -55,16 +55,16 @@ func (e *lockUpdateError) Unwrap() error { return e.err }
 var keyInUse = condition{"KeyInUse", "the Redis key holds data that is not a lock, so nothing is granted; choose another spec.key"}
 
 // failureOf is how the locks show that the phase failed with err, or nil
-// for a write that lost a race with another writer (an object changed
-// since it was read): that is ordinary, retried at once, and the status
-// computed from the read is shown as it is.
+// for a write that lost a race with another writer (an object changed, or
+// a lock deleted, since it was read): that is ordinary, retried at once,
+// and the status computed from the read is shown as it is.
 func failureOf(phase string, err error) *failure {
 	var refused *podUpdateError
 	var lockRefused *lockUpdateError
 	switch {
-	case apierrors.IsConflict(err):
-		return nil
-	case errors.As(err, &lockRefused) && !apierrors.IsNotFound(err):
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err) && errors.As(err, &lockRefused):
+		return nil // a lock deleted since it was read is no failure either
+	case errors.As(err, &lockRefused):
 		return &failure{reason: "LockUpdateRefused", lock: lockRefused.lock, message: fmt.Sprintf(
 			"the API server refused the manager's update of lock %s, to add the finalizer that releases what it grants once it is deleted (%s): nothing is granted until it accepts one; another admission webhook or policy may refuse the manager's writes",
 			lockRefused.lock.Name, apierrors.ReasonForError(lockRefused.err))}

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"time"
@@ -42,9 +43,12 @@ func (w *stallWatch) notify(onStall func()) {
 	w.onStall = onStall
 }
 
-// observe records a call that took d.
-func (w *stallWatch) observe(d time.Duration) {
-	if d < slowRedisCall {
+// observe records a call that took d and ended with err. Only a call that
+// Redis answered counts (a reply, or an error reply): one that timed out or
+// found no connection is Redis unavailable, which the locks show as such.
+func (w *stallWatch) observe(d time.Duration, err error) {
+	var reply redis.Error
+	if d < slowRedisCall || (err != nil && !errors.As(err, &reply)) {
 		return
 	}
 	w.mu.Lock()
@@ -86,7 +90,7 @@ func (w *stallWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		start := time.Now()
 		err := next(ctx, cmd)
-		w.observe(time.Since(start))
+		w.observe(time.Since(start), err)
 		return err
 	}
 }
@@ -95,7 +99,7 @@ func (w *stallWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		start := time.Now()
 		err := next(ctx, cmds)
-		w.observe(time.Since(start))
+		w.observe(time.Since(start), err)
 		return err
 	}
 }

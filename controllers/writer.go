@@ -55,6 +55,8 @@ func (r *DistributedLockReconciler) apply(ctx context.Context, s *scope, actions
 	for _, a := range actions {
 		err := a.apply(ctx, r, s)
 		switch {
+		case errors.Is(err, errHoldGivenBack) && independent:
+			// Only this write's own sequence depended on the hold.
 		case errors.Is(err, errHoldGivenBack):
 			return nil
 		case err != nil && !independent:
@@ -91,6 +93,9 @@ type release struct {
 
 func (a release) apply(ctx context.Context, r *DistributedLockReconciler, s *scope) error {
 	h := a.holder
+	if !slices.ContainsFunc(s.Holders, func(o holder) bool { return o.Owner == h.Owner }) {
+		return nil // released by an earlier write of this reconcile, or given back
+	}
 	if _, err := s.client.ForceReleaseClient(ctx, s.Key, string(h.PodUID)); err != nil {
 		return err
 	}
@@ -353,6 +358,9 @@ type finishLift struct {
 
 func (a finishLift) apply(ctx context.Context, r *DistributedLockReconciler, s *scope) error {
 	d, pod := a.lock, a.pod
+	if !s.heldByController(pod) {
+		return nil // given back by an earlier write of this reconcile (tokenBehind)
+	}
 	err := func() error {
 		switch behind, err := r.confirmNoOtherGrant(ctx, s, pod); {
 		case behind:
@@ -383,12 +391,18 @@ func (a finishLift) apply(ctx context.Context, r *DistributedLockReconciler, s *
 	return nil
 }
 
-// clearRecord forgets a lock's record of a grant that its deleting
-// namespace-mate ended (written with the status).
-type clearRecord struct{ lock *locksv1.DistributedLock }
+// clearRecord forgets a lock's record of a grant to the pod that its
+// deleting namespace-mate ended (written with the status), unless Redis
+// still holds the key for the pod once the releases before it are made.
+type clearRecord struct {
+	lock *locksv1.DistributedLock
+	pod  types.UID
+}
 
-func (a clearRecord) apply(context.Context, *DistributedLockReconciler, *scope) error {
-	a.lock.Status.Grant = nil
+func (a clearRecord) apply(_ context.Context, _ *DistributedLockReconciler, s *scope) error {
+	if _, held := s.HeldBy(a.pod); !held {
+		a.lock.Status.Grant = nil
+	}
 	return nil
 }
 
