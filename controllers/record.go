@@ -17,11 +17,12 @@ import (
 )
 
 // recordGrant decides to record the controller's hold of the key in the
-// statuses of the locks naming it, before markPods may lift a gate with it: the highest
-// fencing token on each (status.highestToken, which the API server keeps
-// from decreasing), and the grant itself (status.grant) on the locks of its
-// pod's namespace. Before a gate is lifted, it checks past the cache that
-// no other grant of the key is out and no higher token is recorded.
+// statuses of the locks naming it, before markPods may lift a gate with
+// it: the highest fencing token on each (status.highestToken, which the API
+// server keeps from decreasing), and the grant itself (status.grant) on the
+// locks of its pod's namespace. Before a gate is lifted, it checks past the
+// cache that no other grant of the key is out and no higher token is
+// recorded (confirm).
 //
 // Timing alone cannot keep a manager that lost its grant, or decided on a
 // stale view, from lifting a gate: it may be paused between any check and

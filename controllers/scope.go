@@ -64,8 +64,8 @@ type scope struct {
 	// somebody else holds the key in Redis meanwhile.
 	grantee  *corev1.Pod
 	conflict bool
-	// taken is the hold this reconcile took in Redis for the grantee:
-	// recordGrant gives it back if it must not be used. adopted is the
+	// taken is the hold this reconcile took in Redis for the grantee: the
+	// writer gives it back if it must not be used (confirm, writeRecord). adopted is the
 	// level it added to a hold it adopted instead: given back only if the
 	// check past the cache finds another grant out. newGrant is set when
 	// the take is a new grant, not the same grant taken again.
