@@ -123,8 +123,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyReques
 		if s.failed = failureOf("add the finalizer", err); s.failed == nil {
 			return ctrl.Result{}, err // the lock changed since it was read: retried at once
 		}
-		result, _ := r.describe(ctx, s)
-		return result, kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
+		return r.describe(ctx, s), kerrors.NewAggregate([]error{err, r.patchStatuses(ctx, s)})
 	}
 	for _, l := range s.ungiven {
 		if err := r.letGo(ctx, s, l); err != nil {
@@ -137,15 +136,16 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req KeyReques
 
 // describe computes the statuses from what the scope read, with no phase
 // run: as Redis failing if it did.
-func (r *DistributedLockReconciler) describe(ctx context.Context, s *scope) (ctrl.Result, error) {
+func (r *DistributedLockReconciler) describe(ctx context.Context, s *scope) ctrl.Result {
 	if s.redisErr != nil {
-		return r.redisFailed(ctx, s, s.redisErr)
+		result, _ := r.redisFailed(ctx, s, s.redisErr) // a Redis error: it shows, and returns none
+		return result
 	}
 	if res := s.Resolve(); res.Grantee != nil && res.Conflict {
 		s.markConflict(res.Grantee)
 	}
 	r.computeStatuses(ctx, s)
-	return ctrl.Result{}, nil
+	return ctrl.Result{}
 }
 
 // runPhases runs the phases in order, and computes the statuses on every
