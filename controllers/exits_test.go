@@ -27,7 +27,7 @@ import (
 // enforces it.
 func refusePodUpdates(t *testing.T, ns string) {
 	t.Helper()
-	refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}})
+	refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}, "refuse-updates", "")
 	probe := createPod(t, ns, "probe", "probe", withLabels(map[string]string{"app": "probe", "refuse-updates": "true"}))
 	seq := 0
 	eventually(t, "the refusing policy to be enforced", func() bool {
@@ -38,14 +38,19 @@ func refusePodUpdates(t *testing.T, ns string) {
 }
 
 // refuseUpdates installs a ValidatingAdmissionPolicy that refuses every
-// update of an object of the rule's resources in the namespace that is
-// labelled refuse-updates (after the update).
-func refuseUpdates(t *testing.T, ns string, rule admissionregistrationv1.Rule) {
+// update of an object of the rule's resources in the namespace that carries
+// the label (after the update), with the reason given ("" for the API
+// server's default, Invalid).
+func refuseUpdates(t *testing.T, ns string, rule admissionregistrationv1.Rule, label string, reason metav1.StatusReason) {
 	t.Helper()
 	ctx := context.Background()
 	inNamespace := &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
+	var why *metav1.StatusReason
+	if reason != "" {
+		why = &reason
+	}
 	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "refuse-" + rule.Resources[0] + "-updates-" + ns},
+		ObjectMeta: metav1.ObjectMeta{Name: strings.ReplaceAll("refuse-"+rule.Resources[0]+"-updates-"+ns, "/", "-")},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
 			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
 			MatchConstraints: &admissionregistrationv1.MatchResources{
@@ -56,9 +61,9 @@ func refuseUpdates(t *testing.T, ns string, rule admissionregistrationv1.Rule) {
 				}}},
 			},
 			MatchConditions: []admissionregistrationv1.MatchCondition{{
-				Name: "labelled", Expression: "has(object.metadata.labels) && 'refuse-updates' in object.metadata.labels",
+				Name: "labelled", Expression: fmt.Sprintf("has(object.metadata.labels) && '%s' in object.metadata.labels", label),
 			}},
-			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "this object's updates are refused"}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "this object's updates are refused", Reason: why}},
 		},
 	}
 	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
@@ -179,13 +184,12 @@ func TestARefusedLockShowsNothingOfItsKey(t *testing.T) {
 
 // A lock whose finalizer the API server refuses to add (another tool's
 // webhook, a policy engine) is granted nothing, since deleting it would
-// release nothing; before, the reconcile returned before any status, and
-// the lock showed nothing at all. It now shows the key as read (its waiting
-// pod), not Ready with the reason LockUpdateRefused and a Warning Event;
-// once the update is accepted, the pod is granted the key.
+// release nothing. Its status shows the key as read (its waiting pod), not
+// Ready with the reason LockUpdateRefused, with a Warning Event; once the
+// update is accepted, the pod is granted the key.
 func TestARefusedFinalizerShowsOnTheLock(t *testing.T) {
 	ns := newNamespace(t)
-	refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{locksv1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"distributedlocks"}})
+	refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{locksv1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"distributedlocks"}}, "refuse-updates", "")
 	probe := createLock(t, ns, "probe", "probe", func(l *locksv1.DistributedLock) { l.Labels = map[string]string{"refuse-updates": "true"} })
 	seq := 0
 	eventually(t, "the refusing policy to be enforced", func() bool {

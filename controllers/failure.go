@@ -17,38 +17,33 @@ import (
 // reason on the status, never a status left unwritten.
 type failure struct {
 	reason, message string
-	// pod is the pod whose update the API server refused, shown by name
-	// only to the locks of its namespace and told with an Event; lock is
-	// the lock whose update it refused, named only to its namespace's.
-	pod  *corev1.Pod
-	lock *locksv1.DistributedLock
+	// refused is the pod or lock whose update the API server refused,
+	// named only to the locks of its namespace; a pod is told with an
+	// Event too.
+	refused client.Object
 }
 
-// podUpdateError is the API server's refusal of the manager's update of a
-// pod (another tool's webhook, a policy engine, a quota on the pod).
-type podUpdateError struct {
-	pod *corev1.Pod
-	err error
+// updateRefused is the API server's refusal of the manager's update of a
+// pod (its marks and gates) or of a lock (its finalizer): another tool's
+// webhook, a policy engine, a quota.
+type updateRefused struct {
+	object client.Object
+	err    error
 }
 
-func (e *podUpdateError) Error() string {
-	return fmt.Sprintf("update of pod %s/%s: %v", e.pod.Namespace, e.pod.Name, e.err)
+func (e *updateRefused) Error() string {
+	return fmt.Sprintf("update of %s %s/%s: %v", kindOf(e.object), e.object.GetNamespace(), e.object.GetName(), e.err)
 }
 
-func (e *podUpdateError) Unwrap() error { return e.err }
+func (e *updateRefused) Unwrap() error { return e.err }
 
-// lockUpdateError is the API server's refusal of the manager's update of a
-// lock (adding its finalizer).
-type lockUpdateError struct {
-	lock *locksv1.DistributedLock
-	err  error
+// kindOf is "pod" or "lock".
+func kindOf(obj client.Object) string {
+	if _, ok := obj.(*corev1.Pod); ok {
+		return "pod"
+	}
+	return "lock"
 }
-
-func (e *lockUpdateError) Error() string {
-	return fmt.Sprintf("update of lock %s/%s: %v", e.lock.Namespace, e.lock.Name, e.err)
-}
-
-func (e *lockUpdateError) Unwrap() error { return e.err }
 
 // keyInUse is the Ready condition of the locks of a key that holds data that
 // is not a lock.
@@ -59,34 +54,33 @@ var keyInUse = condition{"KeyInUse", "the Redis key holds data that is not a loc
 // a lock deleted, since it was read): that is ordinary, retried at once,
 // and the status computed from the read is shown as it is.
 func failureOf(phase string, err error) *failure {
-	var refused *podUpdateError
-	var lockRefused *lockUpdateError
+	var refused *updateRefused
 	switch {
-	case apierrors.IsConflict(err), apierrors.IsNotFound(err) && errors.As(err, &lockRefused):
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err) && errors.As(err, &refused) && kindOf(refused.object) == "lock":
 		return nil // a lock deleted since it was read is no failure either
-	case errors.As(err, &lockRefused):
-		return &failure{reason: "LockUpdateRefused", lock: lockRefused.lock, message: fmt.Sprintf(
+	case errors.As(err, &refused) && kindOf(refused.object) == "lock":
+		return &failure{reason: "LockUpdateRefused", refused: refused.object, message: fmt.Sprintf(
 			"the API server refused the manager's update of lock %s, to add the finalizer that releases what it grants once it is deleted (%s): nothing is granted until it accepts one; another admission webhook or policy may refuse the manager's writes",
-			lockRefused.lock.Name, apierrors.ReasonForError(lockRefused.err))}
+			refused.object.GetName(), apierrors.ReasonForError(refused.err))}
 	case errors.As(err, &refused):
-		return &failure{reason: "PodUpdateRefused", pod: refused.pod, message: fmt.Sprintf(
+		return &failure{reason: "PodUpdateRefused", refused: refused.object, message: fmt.Sprintf(
 			"the API server refused the manager's update of pod %s, which holds the key: its marks are not written and its gate is not lifted until it accepts one (%s); another admission webhook or policy may refuse the manager's writes",
-			refused.pod.Name, apierrors.ReasonForError(refused.err))}
+			refused.object.GetName(), apierrors.ReasonForError(refused.err))}
 	}
 	return &failure{reason: "ReconcileFailed", message: fmt.Sprintf(
 		"%s failed; it is retried, and the manager's log has the error", phase)}
 }
 
 // messageFor is the failure's message as the locks of the namespace read
-// it: another namespace's pod is not named.
+// it: another namespace's pod or lock is not named.
 func (f *failure) messageFor(namespace string) string {
-	if f.pod != nil && f.pod.Namespace != namespace {
+	switch {
+	case f.refused == nil || f.refused.GetNamespace() == namespace:
+		return f.message
+	case kindOf(f.refused) == "pod":
 		return "the API server refused the manager's update of the pod that holds the key, in another namespace; nothing is granted until it accepts one"
 	}
-	if f.lock != nil && f.lock.Namespace != namespace {
-		return "the API server refused the manager's update of another namespace's lock of the key; nothing is granted until it accepts one"
-	}
-	return f.message
+	return "the API server refused the manager's update of another namespace's lock of the key; nothing is granted until it accepts one"
 }
 
 // announceFailure announces one Warning Event for the failure on each lock
@@ -105,9 +99,9 @@ func (s *scope) announceFailure() {
 		}
 		about := []*locksv1.DistributedLock{l}
 		s.announce(announcement{about: about, object: l, eventType: corev1.EventTypeWarning, reason: f.reason, message: f.messageFor(l.Namespace)})
-		if f.pod != nil && f.pod.Namespace == l.Namespace && !toldPod {
+		if pod, ok := f.refused.(*corev1.Pod); ok && pod.Namespace == l.Namespace && !toldPod {
 			toldPod = true
-			s.announce(announcement{about: about, object: f.pod, eventType: corev1.EventTypeWarning, reason: f.reason, message: f.message})
+			s.announce(announcement{about: about, object: pod, eventType: corev1.EventTypeWarning, reason: f.reason, message: f.message})
 		}
 	}
 }

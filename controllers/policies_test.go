@@ -10,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -22,41 +20,8 @@ import (
 // waits until the API server enforces it.
 func refuseStatusWrites(t *testing.T, ns string) {
 	t.Helper()
-	ctx := context.Background()
-	inNamespace := &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "refuse-status-" + ns},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{
-				NamespaceSelector: inNamespace,
-				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-					Rule: admissionregistrationv1.Rule{APIGroups: []string{locksv1.GroupVersion.Group}, APIVersions: []string{locksv1.GroupVersion.Version},
-						Resources: []string{"distributedlocks/status"}},
-				}}},
-			},
-			MatchConditions: []admissionregistrationv1.MatchCondition{{
-				Name: "labelled", Expression: "has(object.metadata.labels) && 'refuse-status' in object.metadata.labels",
-			}},
-			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "this lock's status writes are refused",
-				Reason: ptr.To(metav1.StatusReasonForbidden)}},
-		},
-	}
-	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName:        policy.Name,
-			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
-			MatchResources:    &admissionregistrationv1.MatchResources{NamespaceSelector: inNamespace},
-		},
-	}
-	for _, obj := range []client.Object{policy, binding} {
-		if err := k8s.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = k8s.Delete(context.Background(), obj) })
-	}
+	refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{locksv1.GroupVersion.Group}, APIVersions: []string{locksv1.GroupVersion.Version},
+		Resources: []string{"distributedlocks/status"}}, "refuse-status", metav1.StatusReasonForbidden)
 	probe := createLock(t, ns, "probe", "probe", func(l *locksv1.DistributedLock) { l.Labels = map[string]string{"refuse-status": "true"} })
 	seq := int64(0)
 	eventually(t, "the policy refusing status writes to be enforced", func() bool {

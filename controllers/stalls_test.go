@@ -14,9 +14,8 @@ import (
 	"github.com/lockwarden/lockwarden/internal/redistest"
 )
 
-// A Redis stall of a few seconds (a paused server, a failover) used to show
-// nowhere: the calls blocked, then succeeded, and every lock stayed
-// RedisReachable. It now shows on the locks whose keys the manager holds:
+// A Redis stall of a few seconds (a paused server, a failover), whose calls
+// block and then succeed, shows on the locks whose keys the manager holds:
 // Ready stays True with the reason RedisSlow and the stall's longest call,
 // and a Warning Event. The holder keeps the lock. A stall met only by the
 // watchdog's renewals, while nothing else happens, shows too.

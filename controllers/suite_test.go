@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/pprof"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -377,18 +376,26 @@ func freezeReads(funcs *interceptor.Funcs, frozen *atomic.Bool) {
 		}
 		switch l := list.(type) {
 		case *corev1.PodList:
-			l.Items = slices.DeleteFunc(l.Items, func(p corev1.Pod) bool { return !view(&p) })
-			for i := range l.Items {
-				view(&l.Items[i])
-			}
+			l.Items = viewed(l.Items, view)
 		case *locksv1.DistributedLockList:
-			l.Items = slices.DeleteFunc(l.Items, func(d locksv1.DistributedLock) bool { return !view(&d) })
-			for i := range l.Items {
-				view(&l.Items[i])
-			}
+			l.Items = viewed(l.Items, view)
 		}
 		return nil
 	}
+}
+
+// viewed are the items as view shows them, without those it has no copy of.
+func viewed[T any, P interface {
+	*T
+	client.Object
+}](items []T, view func(client.Object) bool) []T {
+	out := items[:0]
+	for i := range items {
+		if view(P(&items[i])) {
+			out = append(out, items[i])
+		}
+	}
+	return out
 }
 
 // newNamespace creates a namespace for one test, with the default service

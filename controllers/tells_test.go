@@ -21,9 +21,9 @@ import (
 // manager saw x stop, released it and granted y, and recorded that. The
 // deposed manager's status writes are refused (each is preconditioned on
 // the resourceVersion it read), and the Events that would announce what
-// those statuses show must not go out either: before, it told the lock
-// "Conflict: another owner holds the key, but pod x was granted it", which
-// no status backed, while the lock showed y holding it without conflict.
+// those statuses show must not go out either: no "Conflict: another owner
+// holds the key, but pod x was granted it" while the lock shows y holding
+// it without conflict.
 func TestADeposedManagerAnnouncesNothingItsStatusDoesNotShow(t *testing.T) {
 	ns := newNamespace(t)
 	proxy := redistest.StartProxy(t, redisAddr)

@@ -335,7 +335,7 @@ func (a mark) apply(ctx context.Context, r *DistributedLockReconciler, s *scope)
 	pod := a.pod
 	if err := r.patchPod(ctx, pod, a.want); err != nil {
 		if a.holder {
-			return &podUpdateError{pod: pod, err: err}
+			return &updateRefused{object: pod, err: err}
 		}
 		log.FromContext(ctx).Error(err, "cannot update a pod's marks", "key", s.Key, "pod", client.ObjectKeyFromObject(pod))
 		return nil
@@ -575,7 +575,7 @@ func (r *DistributedLockReconciler) addFinalizers(ctx context.Context, s *scope)
 		controllerutil.AddFinalizer(l, locksv1.Finalizer)
 		if err := r.Patch(ctx, l, patch); err != nil {
 			controllerutil.RemoveFinalizer(l, locksv1.Finalizer)
-			return &lockUpdateError{lock: l, err: err}
+			return &updateRefused{object: l, err: err}
 		}
 		s.before[client.ObjectKeyFromObject(l)] = l.DeepCopy()
 	}
