@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -354,7 +355,29 @@ func TestReviewIdleObserveLocksPollRedisTwiceASecond(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
-	time.Sleep(3 * time.Second) // all reconciled once
+	// The rate is measured once every lock shows a status of its
+	// generation: creating 100 locks costs a few reconciles each, which a
+	// loaded machine spreads over many seconds.
+	reconciled := func() bool {
+		var locks locksv1.DistributedLockList
+		if err := k8s.List(context.Background(), &locks, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		done := 0
+		for _, l := range locks.Items {
+			ready := meta.FindStatusCondition(l.Status.Conditions, locksv1.ConditionReady)
+			if l.Status.ObservedGeneration == l.Generation && ready != nil && ready.ObservedGeneration == l.Generation {
+				done++
+			}
+		}
+		return done == n
+	}
+	for deadline := time.Now().Add(2 * time.Minute); !reconciled(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the %d locks were not all reconciled within 2 minutes", n)
+		}
+	}
+	time.Sleep(time.Second) // the reconciles their own status writes caused
 	calls := func() int64 {
 		stats, err := rdb.Info(context.Background(), "commandstats").Result()
 		if err != nil {
