@@ -182,13 +182,11 @@ func TestARefusedLockShowsNothingOfItsKey(t *testing.T) {
 	}
 }
 
-// A lock whose finalizer the API server refuses to add (another tool's
-// webhook, a policy engine) is granted nothing, since deleting it would
-// release nothing. Its status shows the key as read (its waiting pod), not
-// Ready with the reason LockUpdateRefused, with a Warning Event; once the
-// update is accepted, the pod is granted the key.
-func TestARefusedFinalizerShowsOnTheLock(t *testing.T) {
-	ns := newNamespace(t)
+// refuseLockUpdates installs a ValidatingAdmissionPolicy that refuses every
+// update of a lock of the namespace labelled refuse-updates, and waits until
+// the API server enforces it.
+func refuseLockUpdates(t *testing.T, ns string) {
+	t.Helper()
 	refuseUpdates(t, ns, admissionregistrationv1.Rule{APIGroups: []string{locksv1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"distributedlocks"}}, "refuse-updates", "")
 	probe := createLock(t, ns, "probe", "probe", func(l *locksv1.DistributedLock) { l.Labels = map[string]string{"refuse-updates": "true"} })
 	seq := 0
@@ -197,6 +195,16 @@ func TestARefusedFinalizerShowsOnTheLock(t *testing.T) {
 		patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"probe":"%d"}}}`, seq))
 		return k8s.Patch(context.Background(), getLock(t, probe), client.RawPatch("application/merge-patch+json", patch)) != nil
 	})
+}
+
+// A lock whose finalizer the API server refuses to add (another tool's
+// webhook, a policy engine) is granted nothing, since deleting it would
+// release nothing. Its status shows the key as read (its waiting pod), not
+// Ready with the reason LockUpdateRefused, with a Warning Event; once the
+// update is accepted, the pod is granted the key.
+func TestARefusedFinalizerShowsOnTheLock(t *testing.T) {
+	ns := newNamespace(t)
+	refuseLockUpdates(t, ns)
 	startManager(t)
 	lock := createLock(t, ns, "a", "web", func(l *locksv1.DistributedLock) { l.Labels = map[string]string{"refuse-updates": "true"} })
 	pod := createPod(t, ns, "w1", "web", gatedBy("a"))
@@ -214,6 +222,43 @@ func TestARefusedFinalizerShowsOnTheLock(t *testing.T) {
 	eventually(t, "the pod to be granted the key once the lock has its finalizer", func() bool {
 		return !gatedWith(getPod(t, pod), gateFor("a"))
 	})
+}
+
+// The statuses written when a lock's finalizer is refused show the key as
+// read, a conflict included: a second lock of the key, refused its
+// finalizer, shows the conflict, and does not make the first lock show it
+// gone, while the pod granted the key has not stopped and an outsider
+// holds the key in Redis.
+func TestARefusedFinalizerShowsTheKeysConflict(t *testing.T) {
+	ns := newNamespace(t)
+	refuseLockUpdates(t, ns)
+	startManagerOn(t, managerConfig{redisAddr: redisAddr, namespaces: []string{ns}})
+	first := createLock(t, ns, "first", "job")
+	key := lockKey(first)
+	run := createPod(t, ns, "run", "job", gatedBy("first"))
+	eventually(t, "run to be granted the key", func() bool { return holderOf(t, first) == "run" })
+	bind(t, run) // scheduled, pulling its image: granted, not stopped
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	takeAsOutsider(t, rdb, key)
+	conflict := func(l *locksv1.DistributedLock) bool {
+		return meta.IsStatusConditionTrue(getLock(t, l).Status.Conditions, locksv1.ConditionConflict)
+	}
+	eventually(t, "the first lock to show the conflict", func() bool { return conflict(first) })
+
+	second := createLock(t, ns, "second", "job", func(l *locksv1.DistributedLock) {
+		l.Spec.Key = key
+		l.Labels = map[string]string{"refuse-updates": "true"}
+	})
+	eventually(t, "the second lock to show its refused finalizer", func() bool {
+		ready := meta.FindStatusCondition(getLock(t, second).Status.Conditions, locksv1.ConditionReady)
+		return ready != nil && ready.Reason == "LockUpdateRefused"
+	})
+	settle()
+	if !conflict(second) || !conflict(first) {
+		t.Fatalf("with the finalizer refused, the conflict shows on the second lock: %v, on the first: %v\n%s\n%s",
+			conflict(second), conflict(first), conditionText(getLock(t, second)), conditionText(getLock(t, first)))
+	}
 }
 
 // When the manager cannot read the key's pods (the API server fails its
