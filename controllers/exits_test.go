@@ -3,9 +3,13 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -286,4 +290,61 @@ func TestAFailedReadShowsOnTheLock(t *testing.T) {
 		l := getLock(t, lock)
 		return meta.IsStatusConditionTrue(l.Status.Conditions, locksv1.ConditionReady) && holderOf(t, lock) == "w1"
 	})
+}
+
+// Two locks of a namespace deleted together both end the grant of a pod
+// that no lock left claims. While Redis fails that release, neither lock
+// goes: a deleting lock goes only once the grants it ends are released,
+// whichever of them made the release.
+func TestDeletingLocksGoOnlyOnceTheirReleaseIsMade(t *testing.T) {
+	ns := newNamespace(t)
+	key := sharedKey(ns, "k")
+	first := createLock(t, ns, "first", "job", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	second := createLock(t, ns, "second", "job", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
+	run := createPod(t, ns, "run", "job") // a candidate no gate holds back
+	failing := &atomic.Bool{}
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb.AddHook(failReleases{on: failing, prefix: string(run.UID) + ":"})
+	startManagerOn(t, managerConfig{rdb: rdb, namespaces: []string{ns}})
+	eventually(t, "run to be granted the key", func() bool { return holds(t, key, run) })
+
+	failing.Store(true)
+	deleteLock(t, first)
+	deleteLock(t, second)
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, l := range []*locksv1.DistributedLock{first, second} {
+			if lockGone(t, l) && holds(t, key, run) {
+				t.Fatalf("lock %s went while Redis still holds the key for run, whose grant it ends", l.Name)
+			}
+		}
+	}
+	failing.Store(false)
+	eventually(t, "both locks to go, with run's grant released", func() bool {
+		return lockGone(t, first) && lockGone(t, second) && !holds(t, key, run)
+	})
+}
+
+// failReleases fails, while on, the manager's calls that carry the owner
+// prefix: its forced releases of a pod's holds. Each fails as a connection
+// reset before Redis answered.
+type failReleases struct {
+	on     *atomic.Bool
+	prefix string
+}
+
+func (f failReleases) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f failReleases) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if f.on.Load() && slices.Contains(cmd.Args(), any(f.prefix)) {
+			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (f failReleases) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
