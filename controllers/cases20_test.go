@@ -194,11 +194,7 @@ func TestUnsharingThenDeletingTheRefusedLockKeepsTheGrant(t *testing.T) {
 	// The key's next events: pa changes, and the lease runs past the old
 	// manager's last renewal.
 	time.Sleep(4 * time.Second)
-	p := getPod(t, pa)
-	p.Labels["touched"] = "1"
-	if err := k8s.Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	labelPod(t, pa, "touched", "1")
 	settle()
 	if !gatedWith(getPod(t, pa), gateFor("a")) || !holds(t, key, pb) {
 		t.Fatalf("pa was ungated, or pb lost its grant, while pb runs: %+v", inspect(t, key))
@@ -317,9 +313,11 @@ func TestPodBehindAForeignGateWaitsForIt(t *testing.T) {
 	key := lockKey(lock)
 	eventually(t, "free to be granted", func() bool { return holds(t, key, free) && !gatedWith(getPod(t, free), gateFor("singleton")) })
 
-	p := getPod(t, held)
-	p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == admission })
-	if err := k8s.Update(context.Background(), p); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p := getPod(t, held)
+		p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == admission })
+		return k8s.Update(context.Background(), p)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	setContainers(t, free, corev1.PodSucceeded, exited(0))
@@ -532,11 +530,7 @@ func TestHeldIsUnknownWhileRedisCannotBeRead(t *testing.T) {
 	}
 	defer func() { _ = srv.Resume() }()
 	// A pod event makes the controller look at the key.
-	p := getPod(t, pod)
-	p.Labels["touched"] = strconv.Itoa(1)
-	if err := k8s.Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	labelPod(t, pod, "touched", strconv.Itoa(1))
 	eventually(t, "Held to be Unknown", func() bool {
 		c := meta.FindStatusCondition(getLock(t, lock).Status.Conditions, locksv1.ConditionHeld)
 		return c != nil && c.Status == metav1.ConditionUnknown

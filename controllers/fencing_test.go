@@ -493,11 +493,7 @@ func TestAManagerAdoptsTheOwnershipRedisShowsNotTheOneItRenews(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The key's next event: x changes.
-	p := getPod(t, x)
-	p.Labels["touched"] = "1"
-	if err := k8s.Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	labelPod(t, x, "touched", "1")
 	eventually(t, "the manager to record the other manager's token", func() bool {
 		return getLock(t, lock).Status.HighestToken == take.Token()
 	})

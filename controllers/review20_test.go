@@ -131,11 +131,7 @@ func TestReviewHolderTokenDropsToZeroWhenTheCounterExpires(t *testing.T) {
 	if err := rdb.Del(context.Background(), "redisson_lock_token:{"+key+"}").Err(); err != nil {
 		t.Fatal(err)
 	}
-	p := getPod(t, leader)
-	p.Labels["touched"] = "1" // any event of the key
-	if err := k8s.Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	labelPod(t, leader, "touched", "1") // any event of the key
 	settle()
 	got := getPod(t, leader).Annotations[locksv1.TokenAnnotationPrefix+"leader"]
 	st := getLock(t, lock).Status

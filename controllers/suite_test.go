@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -444,10 +445,30 @@ func createPod(t testing.TB, ns, name, app string, opts ...podOption) *corev1.Po
 	return pod
 }
 
+// setPhase sets the pod's phase, as a kubelet reports it, retrying when
+// the controller's patch of the marks got in between.
 func setPhase(t testing.TB, pod *corev1.Pod, phase corev1.PodPhase) {
 	t.Helper()
-	pod.Status.Phase = phase
-	if err := k8s.Status().Update(context.Background(), pod); err != nil {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p := getPod(t, pod)
+		p.Status.Phase = phase
+		if err := k8s.Status().Update(context.Background(), p); err != nil {
+			return err
+		}
+		p.DeepCopyInto(pod)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// labelPod sets a label of the pod with a merge patch, which no write of
+// the controller's in between can make fail: a change that wakes the key.
+func labelPod(t testing.TB, pod *corev1.Pod, label, value string) {
+	t.Helper()
+	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, label, value))
+	if err := k8s.Patch(context.Background(), pod, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		t.Fatal(err)
 	}
 }

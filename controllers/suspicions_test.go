@@ -66,11 +66,7 @@ func TestAPodNamingALockWithoutItsGateIsWarned(t *testing.T) {
 	startManager(t)
 	createLock(t, ns, "singleton", "", func(l *locksv1.DistributedLock) { l.Spec.Candidates = nil })
 	pod := createPod(t, ns, "run-1", "job")
-	p := getPod(t, pod)
-	p.Labels[locksv1.LockLabel] = "singleton"
-	if err := k8s.Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	labelPod(t, pod, locksv1.LockLabel, "singleton")
 	if len(getPod(t, pod).Spec.SchedulingGates) != 0 {
 		t.Fatal("the pod was gated after its creation")
 	}
