@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockwarden/lockwarden/internal/podrun"
 )
 
 // managerBin is the manager binary TestMain builds with `make manager`, as
@@ -55,19 +57,8 @@ func runManagerCode(t *testing.T, env []string, args ...string) (string, int) {
 	cmd.Env = append([]string{"HOME=" + t.TempDir(), "KUBECONFIG=" + filepath.Join(t.TempDir(), "absent")}, env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("manager %v did not exit:\n%s", args, out.String())
-	}
-	return out.String(), cmd.ProcessState.ExitCode()
+	code := podrun.Run(t, cmd, 30*time.Second, &out)
+	return out.String(), code
 }
 
 // A Redis URL carrying a password reaches the pod log neither through a

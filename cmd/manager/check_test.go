@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/lockwarden/lockwarden/internal/podrun"
 )
 
 // `manager --check`, the chart's helm test, as the binary runs it: it
@@ -71,7 +71,7 @@ func TestManagerUnreadyWhileRedisRefusesItsCredentials(t *testing.T) {
 	probes := freeAddr(t)
 	cmd := exec.Command(managerBin, "--kubeconfig="+admin, "--metrics-bind-address=0", "--health-probe-bind-address="+probes)
 	cmd.Env = []string{"HOME=" + t.TempDir(), "REDIS_URL=redis://" + srv.Addr + "/0", "REDIS_USERNAME=lockwarden", "REDIS_PASSWORD=wrong-password"}
-	var out syncBuffer
+	var out podrun.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -98,22 +98,4 @@ func TestManagerUnreadyWhileRedisRefusesItsCredentials(t *testing.T) {
 	if strings.Contains(out.String(), "wrong-password") {
 		t.Errorf("the password is in the log:\n%s", out.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a process's output and the test share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -22,6 +22,7 @@ import (
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/plane"
+	"github.com/lockwarden/lockwarden/internal/podrun"
 )
 
 // publishedChart is the chart reference the documentation installs from. The
@@ -179,7 +180,7 @@ func TestRecipes(t *testing.T) {
 		t.Cleanup(func() { deleteNamespace(t, ns) })
 	}
 	runDocBlock(t, "recipe-shared-key-helm", env)
-	m.stop(t, 40*time.Second)
+	m.Stop(t, 40*time.Second)
 	deploy := managerDeployment(t)
 	if args := strings.Join(managerContainer(t, deploy).Args, " "); !strings.Contains(args, "--shared-key=warehouse-load=team-a,team-b") {
 		t.Fatalf("helm upgrade did not share the key: %s", args)
@@ -212,7 +213,7 @@ func TestRecipes(t *testing.T) {
 // docInstall runs the quick start's install block with the plane's Redis as
 // "your Redis", and the chart from dist/chart, then runs the manager as the
 // chart's pod. prefix names what the test is, in its failures.
-func docInstall(t *testing.T, prefix string) *podProcess {
+func docInstall(t *testing.T, prefix string) *podrun.Process {
 	t.Helper()
 	env := append(toolEnv(t), "REDIS_URL=redis://"+redisSrv.Addr+"/0", "REDIS_PASSWORD=")
 	runDocBlock(t, "quickstart-install", env)
@@ -224,11 +225,11 @@ func docInstall(t *testing.T, prefix string) *podProcess {
 
 // docUninstall uninstalls as operating.md says: the locks first, while the
 // manager runs, then the release and the CRD.
-func docUninstall(t *testing.T, m *podProcess) {
+func docUninstall(t *testing.T, m *podrun.Process) {
 	t.Helper()
 	stopKwokPods(t)
 	runReadme(t, "uninstall-locks")
-	m.stop(t, 40*time.Second)
+	m.Stop(t, 40*time.Second)
 	runReadme(t, "uninstall-helm")
 	checkUninstalled(t)
 }

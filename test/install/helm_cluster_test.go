@@ -66,7 +66,7 @@ func TestHelmTestAndOneReleasePerCluster(t *testing.T) {
 	// Its own upgrade is not a second release.
 	helmCmd(t, "upgrade", releaseName, filepath.Join(root, "dist", "chart"), "-n", releaseNS, "--reuse-values", "--set", "manager.logLevel=debug")
 
-	m.stop(t, 40*time.Second)
+	m.Stop(t, 40*time.Second)
 	uninstallKeptCRD(t)
 }
 
@@ -102,8 +102,8 @@ func TestHelmNamespaced(t *testing.T) {
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(otherPod), otherPod); err != nil || len(otherPod.Labels) != 1 {
 		t.Errorf("the unwatched pod was marked: %v %v", otherPod.Labels, err)
 	}
-	if strings.Contains(m.log.String(), other) {
-		t.Errorf("the manager logged about the unwatched namespace %s:\n%s", other, m.log.String())
+	if strings.Contains(m.Log.String(), other) {
+		t.Errorf("the manager logged about the unwatched namespace %s:\n%s", other, m.Log.String())
 	}
 
 	// The gating policy, where the cluster has one, gates only there.
@@ -145,7 +145,7 @@ func TestHelmNamespaced(t *testing.T) {
 		err := k8s.List(ctx, &list)
 		return err == nil && len(list.Items) == 0, err
 	})
-	m.stop(t, 40*time.Second)
+	m.Stop(t, 40*time.Second)
 	uninstallKeptCRD(t)
 }
 
@@ -202,7 +202,7 @@ func helmTestServingPod(t *testing.T) (int, string, string, error) {
 		return false, err
 	})
 	check := startContainer(t, releaseNS, testPod.Spec, "check")
-	code := check.wait(t, 60*time.Second)
+	code := check.Wait(t, 60*time.Second)
 	// kwok ends the pod now, as the container did.
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
 		plane.ExitCodesAnnotation: strconv.Itoa(code),
@@ -215,7 +215,7 @@ func helmTestServingPod(t *testing.T) (int, string, string, error) {
 	}
 	select {
 	case r := <-done:
-		return code, check.log.String(), r.out, r.err
+		return code, check.Log.String(), r.out, r.err
 	case <-time.After(2 * time.Minute):
 		t.Fatal("helm test did not return")
 		return 0, "", "", nil

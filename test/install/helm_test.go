@@ -24,6 +24,7 @@ import (
 
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/plane"
+	"github.com/lockwarden/lockwarden/internal/podrun"
 )
 
 // The release, namespace and image the documented commands name.
@@ -59,13 +60,13 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 	}
 
 	hook := helmUninstallServingHook(t)
-	if code := hook.wait(t, 10*time.Second); code != 0 {
+	if code := hook.Wait(t, 10*time.Second); code != 0 {
 		t.Fatalf("the uninstall hook exited %d", code)
 	}
-	if log := hook.log.String(); !strings.Contains(log, "every DistributedLock is gone") || strings.Contains(log, "removed the finalizer") {
+	if log := hook.Log.String(); !strings.Contains(log, "every DistributedLock is gone") || strings.Contains(log, "removed the finalizer") {
 		t.Errorf("the hook did not leave the locks to the manager:\n%s", log)
 	}
-	m.stop(t, 40*time.Second)
+	m.Stop(t, 40*time.Second)
 	checkUninstalled(t)
 	if n := redisSrv.Client(t).Exists(ctx, appNS+"/leader").Val(); n != 0 {
 		t.Errorf("the lock's key is still held in Redis: the manager did not release it")
@@ -78,13 +79,13 @@ func TestHelmInstallUpgradeUninstall(t *testing.T) {
 func TestHelmUninstallWithTheManagerGone(t *testing.T) {
 	cleanSlate(t)
 	m, appNS, _, _ := grantedLock(t, helmInstall(t, "--set", "crd.keep=false"), "helm-gone-")
-	m.kill()
+	m.Kill()
 
 	hook := helmUninstallServingHook(t)
-	if code := hook.wait(t, 10*time.Second); code != 0 {
+	if code := hook.Wait(t, 10*time.Second); code != 0 {
 		t.Fatalf("the uninstall hook exited %d", code)
 	}
-	if log := hook.log.String(); !strings.Contains(log, "removed the finalizer") || !strings.Contains(log, appNS) {
+	if log := hook.Log.String(); !strings.Contains(log, "removed the finalizer") || !strings.Contains(log, appNS) {
 		t.Errorf("the hook did not say which lock it let go:\n%s", log)
 	}
 	checkUninstalled(t)
@@ -122,7 +123,7 @@ func TestKustomizeInstallMovedToHelmAndUninstalled(t *testing.T) {
 	if n := redisSrv.Client(t).Exists(ctx, appNS+"/leader").Val(); n != 0 {
 		t.Errorf("the lock's key is still held in Redis: the manager did not release it")
 	}
-	m.stop(t, 40*time.Second)
+	m.Stop(t, 40*time.Second)
 	runReadme(t, "uninstall-helm")
 	checkUninstalled(t)
 }
@@ -140,7 +141,7 @@ func TestKustomizeUninstallWithTheManagerGone(t *testing.T) {
 		t.Errorf("a Helm release beside the kustomize install: %v\n%s", err, out)
 	}
 	_ = k8s.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "second-system"}})
-	m.kill()
+	m.Kill()
 
 	// Step 1 waits for ever with no manager: operating.md's kubectl wait
 	// gives up; the finalizers are then removed as it says.
@@ -159,7 +160,7 @@ func TestKustomizeUninstallWithTheManagerGone(t *testing.T) {
 
 // grantedLock runs the image's manager as deploy's pod, and has it grant a
 // lock to a candidate pod in a namespace of its own.
-func grantedLock(t *testing.T, deploy *appsv1.Deployment, prefix string) (*podProcess, string, *corev1.Pod, *locksv1.DistributedLock) {
+func grantedLock(t *testing.T, deploy *appsv1.Deployment, prefix string) (*podrun.Process, string, *corev1.Pod, *locksv1.DistributedLock) {
 	t.Helper()
 	m := startManager(t, deploy)
 	appNS, pod := createCandidate(t, prefix)
@@ -218,7 +219,7 @@ func helmInstall(t *testing.T, values ...string) *appsv1.Deployment {
 // the pre-delete hook's Job, runs the Job's container from the image as
 // the kubelet would, then lets kwok complete its pod. It returns the
 // hook's process once helm has finished.
-func helmUninstallServingHook(t *testing.T) *podProcess {
+func helmUninstallServingHook(t *testing.T) *podrun.Process {
 	t.Helper()
 	ctx := t.Context()
 	stopKwokPods(t)
@@ -242,11 +243,7 @@ func helmUninstallServingHook(t *testing.T) *podProcess {
 		return true, nil
 	})
 	hook := startContainer(t, releaseNS, hookPod.Spec, "uninstall")
-	select {
-	case <-hook.exited:
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("the hook did not finish:\n%s", hook.log.String())
-	}
+	hook.Wait(t, 3*time.Minute)
 	// Done: kwok completes the pod now, the Job succeeds, helm goes on.
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
 		plane.NextAtAnnotation: time.Now().UTC().Format(time.RFC3339Nano)}}})
@@ -259,7 +256,7 @@ func helmUninstallServingHook(t *testing.T) *podProcess {
 	select {
 	case r := <-done:
 		if r.err != nil {
-			t.Fatalf("helm uninstall: %v\n%s\nhook:\n%s", r.err, r.out, hook.log.String())
+			t.Fatalf("helm uninstall: %v\n%s\nhook:\n%s", r.err, r.out, hook.Log.String())
 		}
 	case <-time.After(4 * time.Minute):
 		t.Fatal("helm uninstall did not return")

@@ -2,27 +2,23 @@ package install
 
 import (
 	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"os/exec"
-	"path"
 	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lockwarden/lockwarden/internal/podrun"
 )
 
 // image is an image unpacked from an OCI layout by unpackOCI, which reads it
@@ -32,17 +28,10 @@ type image struct {
 	refName      string // the index's org.opencontainers.image.ref.name
 	configDigest string
 	config       struct {
-		OS           string `json:"os"`
-		Architecture string `json:"architecture"`
-		Config       struct {
-			Entrypoint []string          `json:"Entrypoint"`
-			Cmd        []string          `json:"Cmd"`
-			Env        []string          `json:"Env"`
-			User       string            `json:"User"`
-			WorkingDir string            `json:"WorkingDir"`
-			Labels     map[string]string `json:"Labels"`
-		} `json:"config"`
-		RootFS struct {
+		OS           string             `json:"os"`
+		Architecture string             `json:"architecture"`
+		Config       podrun.ImageConfig `json:"config"`
+		RootFS       struct {
 			DiffIDs []string `json:"diff_ids"`
 		} `json:"rootfs"`
 	}
@@ -91,9 +80,11 @@ func unpackOCI(dir, rootfs string) (*image, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := img.extract(blob, img.config.RootFS.DiffIDs[i]); err != nil {
+		headers, err := podrun.UnpackLayer(blob, img.config.RootFS.DiffIDs[i], rootfs)
+		if err != nil {
 			return nil, fmt.Errorf("layer %d: %w", i, err)
 		}
+		maps.Copy(img.headers, headers)
 	}
 	return img, nil
 }
@@ -130,137 +121,9 @@ func readBlobJSON(dir, digest string, into any) error {
 	return json.Unmarshal(data, into)
 }
 
-// extract unpacks a gzipped layer into the rootfs, checking the
-// uncompressed tar against its diff_id. It knows directories and regular
-// files, all the image has; anything else is an error, not skipped.
-func (img *image) extract(blob []byte, diffID string) error {
-	zr, err := gzip.NewReader(bytes.NewReader(blob))
-	if err != nil {
-		return err
-	}
-	hash := sha256.New()
-	tr := tar.NewReader(io.TeeReader(zr, hash))
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		name := path.Clean("/" + hdr.Name)
-		if name != "/"+strings.TrimSuffix(hdr.Name, "/") {
-			return fmt.Errorf("entry %q is not a clean relative path", hdr.Name)
-		}
-		img.headers[name] = hdr
-		target := filepath.Join(img.rootfs, filepath.FromSlash(name))
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(target, 0o755); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("entry %q has type %q, which this test does not unpack", hdr.Name, hdr.Typeflag)
-		}
-		if err := os.Chmod(target, hdr.FileInfo().Mode().Perm()|hdr.FileInfo().Mode()&(os.ModeSticky|os.ModeSetuid|os.ModeSetgid)); err != nil {
-			return err
-		}
-	}
-	// The tar's end-of-archive padding is part of the diff_id.
-	if _, err := io.Copy(io.Discard, zr); err != nil {
-		return err
-	}
-	if got := "sha256:" + hex.EncodeToString(hash.Sum(nil)); got != diffID {
-		return fmt.Errorf("uncompressed layer is %s, diff_id says %s", got, diffID)
-	}
-	return nil
-}
-
-// uidGID parses the config's User, which must be numeric: the kubelet
-// enforces runAsNonRoot (config/manager sets it) only for a numeric user, and
-// refuses to start a container whose user is a name.
-func (img *image) uidGID(t *testing.T) (uid, gid int) {
-	t.Helper()
-	u, g, ok := strings.Cut(img.config.Config.User, ":")
-	var err1, err2 error
-	uid, err1 = strconv.Atoi(u)
-	gid, err2 = strconv.Atoi(g)
-	if !ok || err1 != nil || err2 != nil {
-		t.Fatalf("image user %q is not numeric uid:gid", img.config.Config.User)
-	}
-	return uid, gid
-}
-
-// command runs the image as a container runtime would, with a pod's command
-// and args (either may be empty): chrooted into the unpacked rootfs, in the
-// image's working directory, as the image's user, with the image's
-// environment and env. A user namespace maps that user to ours, so no root
-// privilege is needed; files we own are its own inside. Nothing of the
-// host's file system is visible, not even /proc, which a runtime would mount.
-func (img *image) command(t *testing.T, env, command, args []string) *exec.Cmd {
-	t.Helper()
-	uid, gid := img.uidGID(t)
-	// Kubernetes' rules: a command replaces the entrypoint and the image's
-	// Cmd; args replace the Cmd.
-	argv := img.config.Config.Entrypoint
-	switch {
-	case len(command) > 0:
-		argv = slices.Concat(command, args)
-	case len(args) > 0:
-		argv = slices.Concat(argv, args)
-	default:
-		argv = slices.Concat(argv, img.config.Config.Cmd)
-	}
-	if len(argv) == 0 {
-		t.Fatal("nothing to run: the image has no entrypoint")
-	}
-	// An absolute path is not looked up on the host: the chroot makes it
-	// the image's.
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = img.config.Config.WorkingDir
-	cmd.Env = slices.Concat(img.config.Config.Env, env)
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Chroot:      img.rootfs,
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: uid, HostID: os.Geteuid(), Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: gid, HostID: os.Getegid(), Size: 1}},
-		Setpgid:     true,
-		Pdeathsig:   syscall.SIGKILL,
-	}
-	return cmd
-}
-
-// output runs the entrypoint to its end and returns its output and exit code.
-func (img *image) output(t *testing.T, args ...string) (string, int) {
-	t.Helper()
-	cmd := img.command(t, nil, nil, args)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the entrypoint in the image: %v", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("%v did not exit:\n%s", args, out.String())
-	}
-	return out.String(), cmd.ProcessState.ExitCode()
+// runnable is the image as podrun runs it.
+func (img *image) runnable() *podrun.Image {
+	return &podrun.Image{Rootfs: img.rootfs, Config: img.config.Config}
 }
 
 // TestImage checks make image's image as a user pulling it would see it, and
@@ -273,7 +136,7 @@ func TestImage(t *testing.T) {
 	if !slices.Equal(cfg.Config.Entrypoint, []string{"/manager"}) || cfg.Config.WorkingDir != "/" {
 		t.Errorf("entrypoint %q in %q, want [/manager] in /", cfg.Config.Entrypoint, cfg.Config.WorkingDir)
 	}
-	if uid, _ := img.uidGID(t); uid == 0 {
+	if uid, _ := img.runnable().UIDGID(t); uid == 0 {
 		t.Errorf("the image runs as root (%q)", cfg.Config.User)
 	}
 	if v := cfg.Config.Labels["org.opencontainers.image.version"]; v != testVersion {
@@ -308,7 +171,7 @@ func TestImage(t *testing.T) {
 		}
 	}
 	passwd, err := os.ReadFile(filepath.Join(img.rootfs, "etc", "passwd"))
-	if uid, gid := img.uidGID(t); err != nil || !regexp.MustCompile(fmt.Sprintf(`(?m)^nonroot:x:%d:%d:`, uid, gid)).Match(passwd) {
+	if uid, gid := img.runnable().UIDGID(t); err != nil || !regexp.MustCompile(fmt.Sprintf(`(?m)^nonroot:x:%d:%d:`, uid, gid)).Match(passwd) {
 		t.Errorf("/etc/passwd does not name the image's user nonroot (%v):\n%s", err, passwd)
 	}
 
@@ -324,7 +187,7 @@ func TestImage(t *testing.T) {
 		t.Errorf("the tarball's manifest.json is %+v, want config %s tagged %s", tarManifest, img.configDigest, testImage)
 	}
 
-	out, code := img.output(t, "--help")
+	out, code := img.runnable().Output(t, 30*time.Second, nil, []string{"--help"})
 	if code != 0 {
 		t.Errorf("--help exited %d", code)
 	}
@@ -333,7 +196,7 @@ func TestImage(t *testing.T) {
 			t.Errorf("--help does not show %s:\n%s", flag, out)
 		}
 	}
-	if out, code := img.output(t, "--version"); code != 0 || out != testVersion+"\n" {
+	if out, code := img.runnable().Output(t, 30*time.Second, nil, []string{"--version"}); code != 0 || out != testVersion+"\n" {
 		t.Errorf("--version: exit %d, output %q, want %q", code, out, testVersion+"\n")
 	}
 }

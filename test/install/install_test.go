@@ -1,7 +1,6 @@
 package install
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +27,7 @@ import (
 	locksv1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/manifests"
 	"github.com/lockwarden/lockwarden/internal/plane"
+	"github.com/lockwarden/lockwarden/internal/podrun"
 )
 
 const crdName = "distributedlocks.locks.lockwarden.dev"
@@ -171,7 +170,7 @@ func runAsDeployed(t *testing.T, deploy *appsv1.Deployment) {
 
 	// SIGTERM, as the kubelet stops a pod: the manager stops within the
 	// pod's grace period, releasing the Lease for a standby.
-	if code := m.stop(t, time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second); code != 0 {
+	if code := m.Stop(t, time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second); code != 0 {
 		t.Errorf("the manager exited %d on SIGTERM", code)
 	}
 	lease := &coordinationv1.Lease{}
@@ -194,7 +193,7 @@ func createRedisSecret(t *testing.T, ns string) {
 
 // startManager runs the image's manager as a pod of deploy and waits until
 // it is ready, alive by the Deployment's own probes, and leads.
-func startManager(t *testing.T, deploy *appsv1.Deployment) *podProcess {
+func startManager(t *testing.T, deploy *appsv1.Deployment) *podrun.Process {
 	t.Helper()
 	// The Deployment's ports are the pod's own; here the manager shares the
 	// host's network with other tests, so it listens on free loopback ports
@@ -265,90 +264,6 @@ func waitGranted(t *testing.T, lock *locksv1.DistributedLock, pod *corev1.Pod) {
 		err := k8s.Get(t.Context(), client.ObjectKeyFromObject(lock), lock)
 		return err == nil && lock.Status.Holder != nil && lock.Status.Holder.PodName == pod.Name, err
 	})
-}
-
-// containerEnv resolves the container's environment as the kubelet does, for
-// the sources config/manager uses; any other is an error, not skipped.
-func containerEnv(t *testing.T, ns string, c *corev1.Container) []string {
-	t.Helper()
-	var env []string
-	for _, from := range c.EnvFrom {
-		var data map[string]string
-		switch {
-		case from.ConfigMapRef != nil:
-			var cm corev1.ConfigMap
-			if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: from.ConfigMapRef.Name}, &cm); err != nil {
-				t.Fatal(err)
-			}
-			data = cm.Data
-		case from.SecretRef != nil:
-			data = secretData(t, ns, from.SecretRef.Name)
-		}
-		for k, v := range data {
-			env = append(env, from.Prefix+k+"="+v)
-		}
-	}
-	for _, e := range c.Env {
-		switch {
-		case e.ValueFrom == nil:
-			env = append(env, e.Name+"="+e.Value)
-		case e.ValueFrom.SecretKeyRef != nil:
-			ref := e.ValueFrom.SecretKeyRef
-			v, ok := secretData(t, ns, ref.Name)[ref.Key]
-			switch {
-			case ok:
-				env = append(env, e.Name+"="+v)
-			case ref.Optional == nil || !*ref.Optional:
-				t.Fatalf("env %s: the Secret %s has no key %s", e.Name, ref.Name, ref.Key)
-			}
-		default:
-			t.Fatalf("env %s: this test does not resolve %+v", e.Name, e.ValueFrom)
-		}
-	}
-	return env
-}
-
-// volumeFiles returns the files of the named volume, for the kinds
-// config/manager uses.
-func volumeFiles(t *testing.T, ns string, volumes []corev1.Volume, name string) map[string][]byte {
-	t.Helper()
-	i := slices.IndexFunc(volumes, func(v corev1.Volume) bool { return v.Name == name })
-	if i < 0 {
-		t.Fatalf("no volume %s", name)
-	}
-	secret := volumes[i].Secret
-	if secret == nil {
-		t.Fatalf("volume %s: this test mounts Secret volumes only: %+v", name, volumes[i].VolumeSource)
-	}
-	data := secretData(t, ns, secret.SecretName)
-	items := secret.Items
-	if len(items) == 0 { // every key, under its own name
-		for k := range data {
-			items = append(items, corev1.KeyToPath{Key: k, Path: k})
-		}
-	}
-	files := map[string][]byte{}
-	for _, item := range items {
-		d, ok := data[item.Key]
-		if !ok {
-			t.Fatalf("volume %s: the Secret %s has no key %s", name, secret.SecretName, item.Key)
-		}
-		files[item.Path] = []byte(d)
-	}
-	return files
-}
-
-func secretData(t *testing.T, ns, name string) map[string]string {
-	t.Helper()
-	var s corev1.Secret
-	if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil {
-		t.Fatal(err)
-	}
-	data := map[string]string{}
-	for k, v := range s.Data {
-		data[k] = string(v)
-	}
-	return data
 }
 
 // buildInstaller runs make build-installer with the image and returns the
@@ -428,22 +343,4 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
-}
-
-// syncBuffer is a bytes.Buffer the manager's stdout and stderr share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
