@@ -57,13 +57,9 @@ the CLI makes; -o jsonpath=... picks fields from it.`,
 		Args:              exactArgs(1, "give one pod name"),
 		ValidArgsFunction: completePods(kube),
 		RunE: func(_ *cobra.Command, args []string) error {
-			var printer printers.ResourcePrinter
-			if *print.OutputFormat != "" {
-				p, err := print.ToPrinter()
-				if err != nil {
-					return usageError{err}
-				}
-				printer = p
+			printer, err := printerFor(print)
+			if err != nil {
+				return err
 			}
 			c, ns, err := kubeClient(kube)
 			if err != nil {
@@ -117,13 +113,9 @@ context's namespace is not enough for this.`,
 			if (*kube.Namespace == "") == !all {
 				return usageErrorf("give -n NAMESPACE or -A")
 			}
-			var printer printers.ResourcePrinter
-			if *print.OutputFormat != "" {
-				p, err := print.ToPrinter()
-				if err != nil {
-					return usageError{err}
-				}
-				printer = p
+			printer, err := printerFor(print)
+			if err != nil {
+				return err
 			}
 			c, _, err := kubeClient(kube)
 			if err != nil {
@@ -207,4 +199,16 @@ func kubeClient(kube *genericclioptions.ConfigFlags) (client.Client, string, err
 		return nil, "", err
 	}
 	return c, ns, nil
+}
+
+// printerFor is the printer -o asks for, or nil for the command's own text.
+func printerFor(print *genericclioptions.PrintFlags) (printers.ResourcePrinter, error) {
+	if *print.OutputFormat == "" {
+		return nil, nil
+	}
+	p, err := print.ToPrinter()
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return p, nil
 }
