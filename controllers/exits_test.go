@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -302,41 +301,56 @@ func TestDeletingLocksGoOnlyOnceTheirReleaseIsMade(t *testing.T) {
 	first := createLock(t, ns, "first", "job", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
 	second := createLock(t, ns, "second", "job", func(l *locksv1.DistributedLock) { l.Spec.Key = key })
 	run := createPod(t, ns, "run", "job") // a candidate no gate holds back
-	failing := &atomic.Bool{}
+	releases, everything, failed := &atomic.Bool{}, &atomic.Bool{}, &atomic.Int32{}
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
-	rdb.AddHook(failReleases{on: failing, prefix: string(run.UID) + ":"})
+	rdb.AddHook(failCalls{releases: releases, everything: everything, failed: failed, prefix: string(run.UID) + ":"})
 	startManagerOn(t, managerConfig{rdb: rdb, namespaces: []string{ns}})
 	eventually(t, "run to be granted the key", func() bool { return holds(t, key, run) })
 
-	failing.Store(true)
+	// Both deletions are seen together: while the first alone is, the
+	// second lock, live, still claims run, and the first rightly goes
+	// without a release. Redis fails every call meanwhile.
+	everything.Store(true)
 	deleteLock(t, first)
 	deleteLock(t, second)
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		for _, l := range []*locksv1.DistributedLock{first, second} {
-			if lockGone(t, l) && holds(t, key, run) {
-				t.Fatalf("lock %s went while Redis still holds the key for run, whose grant it ends", l.Name)
-			}
+	eventually(t, "both locks to be deleting", func() bool {
+		return getLock(t, first).DeletionTimestamp != nil && getLock(t, second).DeletionTimestamp != nil
+	})
+	settle()
+	releases.Store(true)
+	everything.Store(false)
+	eventually(t, "the manager to try the release", func() bool { return failed.Load() > 0 })
+	settle()
+	for _, l := range []*locksv1.DistributedLock{first, second} {
+		if lockGone(t, l) && holds(t, key, run) {
+			t.Fatalf("lock %s went while Redis still holds the key for run, whose grant it ends", l.Name)
 		}
 	}
-	failing.Store(false)
+	releases.Store(false)
 	eventually(t, "both locks to go, with run's grant released", func() bool {
 		return lockGone(t, first) && lockGone(t, second) && !holds(t, key, run)
 	})
 }
 
-// failReleases fails, while on, the manager's calls that carry the owner
-// prefix: its forced releases of a pod's holds. Each fails as a connection
-// reset before Redis answered.
-type failReleases struct {
-	on     *atomic.Bool
-	prefix string
+// failCalls fails the manager's calls: while releases is set, those that
+// carry the owner prefix (its forced releases of a pod's holds), counted in
+// failed; while everything is set, all. Each fails as a connection reset
+// before Redis answered.
+type failCalls struct {
+	releases, everything *atomic.Bool
+	failed               *atomic.Int32
+	prefix               string
 }
 
-func (f failReleases) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f failCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (f failReleases) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (f failCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if f.on.Load() && slices.Contains(cmd.Args(), any(f.prefix)) {
+		release := f.releases.Load() && slices.Contains(cmd.Args(), any(f.prefix))
+		if release {
+			f.failed.Add(1)
+		}
+		if f.everything.Load() || release {
 			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 			cmd.SetErr(err)
 			return err
@@ -345,6 +359,15 @@ func (f failReleases) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func (f failReleases) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+func (f failCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if f.everything.Load() {
+			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+			for _, cmd := range cmds {
+				cmd.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
+	}
 }

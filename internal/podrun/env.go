@@ -1,10 +1,13 @@
 package podrun
 
 import (
+	"maps"
+	"os"
 	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -18,9 +21,9 @@ func (k *Kubelet) env(t testing.TB, pod *corev1.Pod, c *corev1.Container) []stri
 		var data map[string][]byte
 		switch {
 		case from.ConfigMapRef != nil:
-			data = k.configMap(t, pod.Namespace, from.ConfigMapRef.Name)
+			data = k.configMap(t, pod.Namespace, from.ConfigMapRef.Name, from.ConfigMapRef.Optional)
 		case from.SecretRef != nil:
-			data = k.secret(t, pod.Namespace, from.SecretRef.Name)
+			data = k.secret(t, pod.Namespace, from.SecretRef.Name, from.SecretRef.Optional)
 		}
 		for key, v := range data {
 			env = append(env, from.Prefix+key+"="+string(v))
@@ -51,6 +54,9 @@ func (k *Kubelet) envValue(t testing.TB, pod *corev1.Pod, e corev1.EnvVar) (stri
 		case "metadata.namespace":
 			return pod.Namespace, true
 		case "metadata.name":
+			if pod.Name == "" {
+				t.Fatalf("env %s: the pod's name, which a pod of a template does not have yet", e.Name)
+			}
 			return pod.Name, true
 		case "spec.serviceAccountName":
 			return pod.Spec.ServiceAccountName, true
@@ -58,10 +64,10 @@ func (k *Kubelet) envValue(t testing.TB, pod *corev1.Pod, e corev1.EnvVar) (stri
 		t.Fatalf("env %s: field %s, which podrun does not fill", e.Name, from.FieldRef.FieldPath)
 	case from.SecretKeyRef != nil:
 		ref := from.SecretKeyRef
-		data, source, key, optional = k.secret(t, pod.Namespace, ref.Name), "Secret "+ref.Name, ref.Key, ref.Optional
+		data, source, key, optional = k.secret(t, pod.Namespace, ref.Name, ref.Optional), "Secret "+ref.Name, ref.Key, ref.Optional
 	case from.ConfigMapKeyRef != nil:
 		ref := from.ConfigMapKeyRef
-		data, source, key, optional = k.configMap(t, pod.Namespace, ref.Name), "ConfigMap "+ref.Name, ref.Key, ref.Optional
+		data, source, key, optional = k.configMap(t, pod.Namespace, ref.Name, ref.Optional), "ConfigMap "+ref.Name, ref.Key, ref.Optional
 	default:
 		t.Fatalf("env %s: a value source podrun does not fill: %+v", e.Name, from)
 	}
@@ -72,55 +78,95 @@ func (k *Kubelet) envValue(t testing.TB, pod *corev1.Pod, e corev1.EnvVar) (stri
 	return string(v), ok
 }
 
+// file is a file of a volume: its content and its mode.
+type file struct {
+	data []byte
+	mode os.FileMode
+}
+
 // volumeFiles are the files of the pod's named volume, a Secret or a
-// ConfigMap, by path in the volume.
-func (k *Kubelet) volumeFiles(t testing.TB, pod *corev1.Pod, name string) map[string][]byte {
+// ConfigMap, by path in the volume, with their modes (0644 unless the
+// volume says otherwise).
+func (k *Kubelet) volumeFiles(t testing.TB, pod *corev1.Pod, name string) map[string]file {
 	t.Helper()
 	i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == name })
 	if i < 0 {
 		t.Fatalf("the container mounts %s, which the pod does not have", name)
 	}
 	v := pod.Spec.Volumes[i]
-	var data map[string][]byte
-	var items []corev1.KeyToPath
+	var (
+		data        map[string][]byte
+		items       []corev1.KeyToPath
+		defaultMode *int32
+		optional    *bool
+	)
 	switch {
 	case v.Secret != nil:
-		data, items = k.secret(t, pod.Namespace, v.Secret.SecretName), v.Secret.Items
+		optional, defaultMode, items = v.Secret.Optional, v.Secret.DefaultMode, v.Secret.Items
+		data = k.secret(t, pod.Namespace, v.Secret.SecretName, optional)
 	case v.ConfigMap != nil:
-		data, items = k.configMap(t, pod.Namespace, v.ConfigMap.Name), v.ConfigMap.Items
+		optional, defaultMode, items = v.ConfigMap.Optional, v.ConfigMap.DefaultMode, v.ConfigMap.Items
+		data = k.configMap(t, pod.Namespace, v.ConfigMap.Name, optional)
 	default:
 		t.Fatalf("volume %s is neither a Secret nor a ConfigMap, which podrun does not mount: %+v", name, v.VolumeSource)
 	}
-	if len(items) == 0 {
-		return data // every key, under its own name
+	mode := func(m *int32) os.FileMode {
+		switch {
+		case m != nil:
+			return os.FileMode(*m)
+		case defaultMode != nil:
+			return os.FileMode(*defaultMode)
+		}
+		return 0o644
 	}
-	files := map[string][]byte{}
+	files := map[string]file{}
+	if len(items) == 0 { // every key, under its own name
+		for key, d := range data {
+			files[key] = file{d, mode(nil)}
+		}
+		return files
+	}
 	for _, it := range items {
 		d, ok := data[it.Key]
-		if !ok {
+		switch {
+		case ok:
+			files[it.Path] = file{d, mode(it.Mode)}
+		case optional == nil || !*optional:
 			t.Fatalf("volume %s has no key %s", name, it.Key)
 		}
-		files[it.Path] = d
 	}
 	return files
 }
 
-func (k *Kubelet) secret(t testing.TB, ns, name string) map[string][]byte {
+// secret is the data of the namespace's Secret, or nil for an optional
+// one that does not exist.
+func (k *Kubelet) secret(t testing.TB, ns, name string, optional *bool) map[string][]byte {
 	t.Helper()
 	s, err := k.Clientset.CoreV1().Secrets(ns).Get(t.Context(), name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) && optional != nil && *optional {
+		return nil
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s.Data
 }
 
-func (k *Kubelet) configMap(t testing.TB, ns, name string) map[string][]byte {
+// configMap is the data and binary data of the namespace's ConfigMap, or
+// nil for an optional one that does not exist.
+func (k *Kubelet) configMap(t testing.TB, ns, name string, optional *bool) map[string][]byte {
 	t.Helper()
 	cm, err := k.Clientset.CoreV1().ConfigMaps(ns).Get(t.Context(), name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) && optional != nil && *optional {
+		return nil
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := map[string][]byte{}
+	data := maps.Clone(cm.BinaryData)
+	if data == nil {
+		data = map[string][]byte{}
+	}
 	for key, v := range cm.Data {
 		data[key] = []byte(v)
 	}

@@ -57,7 +57,8 @@ func UnpackLayer(blob []byte, diffID, rootfs string) (map[string]*tar.Header, er
 		return nil, err
 	}
 	hash := sha256.New()
-	tr := tar.NewReader(io.TeeReader(zr, hash))
+	tee := io.TeeReader(zr, hash)
+	tr := tar.NewReader(tee)
 	headers := map[string]*tar.Header{}
 	for {
 		hdr, err := tr.Next()
@@ -102,7 +103,7 @@ func UnpackLayer(blob []byte, diffID, rootfs string) (map[string]*tar.Header, er
 		}
 	}
 	// The tar's end-of-archive padding is part of the diff_id.
-	if _, err := io.Copy(io.Discard, zr); err != nil {
+	if _, err := io.Copy(io.Discard, tee); err != nil {
 		return nil, err
 	}
 	if got := "sha256:" + hex.EncodeToString(hash.Sum(nil)); got != diffID {
@@ -174,6 +175,9 @@ func (img *Image) Command(t testing.TB, env, command, args []string) *exec.Cmd {
 	// the image's.
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = img.Config.WorkingDir
+	if cmd.Dir == "" {
+		cmd.Dir = "/" // a runtime's default: never a directory of the host
+	}
 	cmd.Env = slices.Concat(img.Config.Env, env)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Chroot:      img.Rootfs,

@@ -1,6 +1,8 @@
 package podrun
 
 import (
+	"errors"
+	"io/fs"
 	"net/url"
 	"os"
 	"os/exec"
@@ -48,25 +50,33 @@ func (k *Kubelet) Start(t testing.TB, img *Image, pod *corev1.Pod, name string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := map[string][]byte{
-		serviceAccountDir + "/token":     []byte(token.Status.Token),
-		serviceAccountDir + "/ca.crt":    k.CAData,
-		serviceAccountDir + "/namespace": []byte(pod.Namespace),
+	files := map[string]file{
+		serviceAccountDir + "/token":     {[]byte(token.Status.Token), 0o644},
+		serviceAccountDir + "/ca.crt":    {k.CAData, 0o644},
+		serviceAccountDir + "/namespace": {[]byte(pod.Namespace), 0o644},
 	}
 	for _, m := range c.VolumeMounts {
 		if m.MountPath == serviceAccountDir {
 			continue // the service account's token, written above
 		}
-		for file, data := range k.volumeFiles(t, pod, m.Name) {
-			files[filepath.Join(m.MountPath, file)] = data
+		if m.SubPath != "" || m.SubPathExpr != "" {
+			t.Fatalf("the container mounts a subPath of %s, which podrun does not mount", m.Name)
+		}
+		for path, f := range k.volumeFiles(t, pod, m.Name) {
+			files[filepath.Join(m.MountPath, path)] = f
 		}
 	}
-	for file, data := range files {
-		target := filepath.Join(own.Rootfs, file)
+	for path, f := range files {
+		target := filepath.Join(own.Rootfs, path)
 		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(target, data, 0o644); err != nil {
+		// A file the image has is a hard link to the image's own: the
+		// container's is a new file.
+		if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(target, f.data, f.mode); err != nil {
 			t.Fatal(err)
 		}
 	}

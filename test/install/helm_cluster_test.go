@@ -201,7 +201,7 @@ func helmTestServingPod(t *testing.T) (int, string, string, error) {
 		}
 		return false, err
 	})
-	check := startContainer(t, releaseNS, testPod.Spec, "check")
+	check := startContainer(t, &testPod, "check")
 	code := check.Wait(t, 60*time.Second)
 	// kwok ends the pod now, as the container did.
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{

@@ -242,7 +242,7 @@ func helmUninstallServingHook(t *testing.T) *podrun.Process {
 		hookPod = pods.Items[0]
 		return true, nil
 	})
-	hook := startContainer(t, releaseNS, hookPod.Spec, "uninstall")
+	hook := startContainer(t, &hookPod, "uninstall")
 	hook.Wait(t, 3*time.Minute)
 	// Done: kwok completes the pod now, the Job succeeds, helm goes on.
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{

@@ -199,7 +199,9 @@ func startManager(t *testing.T, deploy *appsv1.Deployment) *podrun.Process {
 	// host's network with other tests, so it listens on free loopback ports
 	// (the last of a repeated flag wins).
 	probes, metrics := freeAddr(t), freeAddr(t)
-	m := startContainer(t, deploy.Namespace, deploy.Spec.Template.Spec, "manager",
+	// A pod of the Deployment's template, not created: it has no name yet.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: deploy.Namespace}, Spec: deploy.Spec.Template.Spec}
+	m := startContainer(t, pod, "manager",
 		"--health-probe-bind-address="+probes, "--metrics-bind-address="+metrics)
 	container := managerContainer(t, deploy)
 	for _, probe := range []*corev1.Probe{container.ReadinessProbe, container.LivenessProbe} {
