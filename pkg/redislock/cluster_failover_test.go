@@ -2,7 +2,9 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -113,8 +115,12 @@ func masterOf(t *testing.T, rdb *redis.ClusterClient, name string) string {
 // A waiter subscribed on a master that hangs (SIGSTOP), and is failed over
 // meanwhile, hears the next hand-over at once: its client finds the quiet
 // connection dead (its PING goes unanswered) and subscribes again on the
-// slot's new master. Before, it stayed on the hung node and took the lock
-// only at its next poll.
+// slot's new master, and the waiter retries once it listens there. Its
+// client learns the new master only 9 s after the hang (lateTopology), as
+// one does whose reload first asks the hung node: until then, both a
+// subscription and a retry would go to the hung node. Before, the waiter
+// retried at once, and its retry, held by the hung node, ended only after
+// the hand-over it should have heard.
 func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3, 1)
 	rdb := cluster.Client(t)
@@ -129,15 +135,19 @@ func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
 	}
 	// A fallback far longer than the test's bound: a waiter that missed the
 	// hand-over would take the lock only at its poll.
-	opts := redislock.Options{RetryFallback: 10 * time.Second}
+	opts := redislock.Options{RetryFallback: 20 * time.Second}
 	holderRedis := cluster.Client(t)
 	holder := newClient(t, holderRedis, opts)
-	waiter := newClient(t, cluster.Client(t), opts)
+	waiterRedis := cluster.Client(t)
+	late := &lateTopology{hung: victim.Addr}
+	waiterRedis.OnNewNode(func(node *redis.Client) { node.AddHook(late.on(node.Options().Addr)) })
+	waiter := newClient(t, waiterRedis, opts)
 	h := mustLock(t, ctx, newMutex(t, holder, name, nil))
 	waiting := lockAsync(ctx, newMutex(t, waiter, name, nil))
 	waitQueued(t, holder, name, 1)
 	time.Sleep(200 * time.Millisecond) // subscribed on the victim
 
+	late.staleFor(9 * time.Second)
 	if err := victim.Pause(); err != nil {
 		t.Fatal(err)
 	}
@@ -152,17 +162,17 @@ func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
 	// The holder learns the new master (a hung node sends no MOVED); the
 	// waiter's client must find it out by itself: it finds the connection
 	// dead within two receive timeouts of the hang, and subscribes on the
-	// new master (a loaded machine takes longer).
+	// new master once it learns it.
 	holderRedis.ReloadState(ctx)
 	channel := "redisson_lock__channel:{" + name + "}"
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		counts, err := heir.Client(t).Do(ctx, "pubsub", "shardnumsub", channel).Slice()
 		if err == nil && len(counts) == 2 && counts[1] == int64(1) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the waiter did not subscribe on the new master within 20 s of the failover: it still listens on the hung one")
+			t.Fatalf("the waiter did not subscribe on the new master within 30 s of the failover: it still listens on the hung one")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -175,7 +185,53 @@ func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
 	took := time.Since(unlocked)
 	mustUnlock(t, ctx, r.h)
 	if took > time.Second {
-		t.Fatalf("the waiter took the lock %v after the hand-over, want at once: it still listened on the hung master", took.Round(time.Millisecond))
+		t.Fatalf("the waiter took the lock %v after the hand-over, want at once: it retried on the hung master, or still listened there", took.Round(time.Millisecond))
 	}
 	t.Logf("hand-over after a hung master's failover: %v", took.Round(time.Millisecond))
+}
+
+// lateTopology delays a cluster client's view of a failover: its CLUSTER
+// SLOTS calls wait until a set time, and the hung node's fail at once, so
+// the client learns the new master at that time, neither earlier nor later.
+type lateTopology struct {
+	hung  string
+	mu    sync.Mutex
+	until time.Time
+}
+
+func (l *lateTopology) staleFor(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.until = time.Now().Add(d)
+}
+
+// on is the hook of the client of the node at addr.
+func (l *lateTopology) on(addr string) redis.Hook { return lateTopologyHook{l, addr} }
+
+type lateTopologyHook struct {
+	*lateTopology
+	addr string
+}
+
+func (h lateTopologyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h lateTopologyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) == 2 && fmt.Sprint(args[0]) == "cluster" && fmt.Sprint(args[1]) == "slots" {
+			h.mu.Lock()
+			until := h.until
+			h.mu.Unlock()
+			time.Sleep(time.Until(until))
+			if h.addr == h.hung && !until.IsZero() {
+				err := errors.New("lateTopology: the node hangs")
+				cmd.SetErr(err)
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h lateTopologyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

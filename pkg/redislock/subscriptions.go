@@ -52,6 +52,7 @@ type subscription struct {
 	release, notice  string
 	members          string        // see lockKeys.members
 	conn             *pubsubConn   // nil while it is being subscribed again
+	rehoming         bool          // rehomeLocked is subscribing it again
 	confirmed        chan struct{} // closed once Redis confirmed both channels
 	pending          int           // confirmations still awaited
 	waiters          []*waiter     // the lock's waiters
@@ -129,7 +130,7 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 	if w.sub == nil {
 		sub.add(w)
 	}
-	if sub.conn == nil {
+	if sub.conn == nil && !sub.rehoming {
 		if err := ws.subscribeLocked(ctx, sub); err != nil {
 			return nil, unavailable(err)
 		}
@@ -363,17 +364,18 @@ func (ws *waiting) connDead(conn *pubsubConn) {
 // rehomeLocked subscribes locks that lost their connection again, on their
 // slots' masters as the cluster has them once it reloaded its state (or on
 // the shared connection, unless sharded), trying until it succeeds, the
-// lock is no longer subscribed, or the client closes.
-// Their waiters retry now, and again once the new subscription confirms:
-// they may have missed a message, and meanwhile they poll.
+// lock is no longer subscribed, or the client closes. Their waiters retry
+// once the new subscription confirms (see confirm), since they may have
+// missed a message; until then they only poll. They neither subscribe nor
+// retry at once themselves: until the client has reloaded the cluster's
+// state, both would go to the node that was lost, and a hung node holds a
+// call for its timeouts, while the waiter could not hear the hand-over.
 func (ws *waiting) rehomeLocked(subs []*subscription) {
 	if len(subs) == 0 || ws.closed {
 		return
 	}
 	for _, sub := range subs {
-		for _, w := range sub.waiters {
-			w.signal()
-		}
+		sub.rehoming = true
 	}
 	cc, _ := ws.c.rdb.(*redis.ClusterClient)
 	ws.c.loops.Add(1)
@@ -395,11 +397,14 @@ func (ws *waiting) rehomeLocked(subs []*subscription) {
 			var left []*subscription
 			for _, sub := range subs {
 				if ws.closed || ws.subs[sub.lock] != sub || sub.conn != nil {
-					continue // closed, dropped, or subscribed by a waiter
+					sub.rehoming = false
+					continue // closed, dropped, or subscribed already
 				}
 				if err := ws.subscribeLocked(ctx, sub); err != nil {
 					left = append(left, sub)
+					continue
 				}
+				sub.rehoming = false
 			}
 			ws.mu.Unlock()
 			cancel()
