@@ -88,6 +88,11 @@ type Input struct {
 	Owner int
 	// Own marks a ForceRelease made by the client it names.
 	Own bool
+	// Waiting marks a ForceRelease during which a Lock call on the client
+	// it names was in flight. Redis may have handed that call the lock, and
+	// the ForceRelease removed the hand-over before the call took it: the
+	// call then goes on waiting, and may return a later grant.
+	Waiting bool
 	// Expiry is, for RedissonLock, when its lease can run out at the
 	// earliest (the send of the attempt that took the lock, plus the
 	// lease); for DataLoss and ForceRelease, when the Holds whose ownership
@@ -413,6 +418,9 @@ func step(s State, in Input, out Output) []State {
 			return []State{s}
 		case out.Removed > 0 && may:
 			return []State{lost}
+		case out.Removed > 0 && in.Waiting && s.Holder == Free:
+			// It removed a hand-over no call had taken: no Hold knew it.
+			return []State{s}
 		case out.Removed == 0 && !is:
 			return []State{s}
 		}
@@ -526,6 +534,9 @@ func Describe(in Input, out Output) string {
 		call = fmt.Sprintf("%s(client %d)", in.Kind, in.Client)
 		if in.Own {
 			call += " by itself"
+		}
+		if in.Waiting {
+			call += ", a Lock of it waiting"
 		}
 	case RedissonLock, RedissonUnlock:
 		call = fmt.Sprintf("%s(owner %d)", in.Kind, in.Owner)

@@ -109,6 +109,22 @@ func TestModel(t *testing.T) {
 			r.add(3, Input{Kind: ForceRelease, Client: 1, Expiry: at(8 + lease)}, 3, 8, Output{Removed: 1})
 			r.add(2, Input{Kind: Alive, Token: 10}, 6, 6.01, ok)
 		}},
+		{"a ForceRelease that removed a hand-over a waiting Lock had not taken", porcupine.Ok, func(r *recorder) {
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
+			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 9, granted(30))
+			r.add(0, Input{Kind: Unlock, Token: 10}, 2, 3, ok) // handed to client 2's Lock
+			r.add(3, Input{Kind: ForceRelease, Client: 2, Waiting: true, Expiry: at(5 + lease)}, 4, 5, Output{Removed: 1})
+			r.add(5, Input{Kind: Inspect}, 6, 7, Output{Holder: Free})
+			r.add(1, Input{Kind: Unlock, Token: 30}, 10, 11, ok)
+		}},
+		{"a ForceRelease that removed a holder of a free lock", porcupine.Illegal, func(r *recorder) {
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
+			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 9, granted(30))
+			r.add(0, Input{Kind: Unlock, Token: 10}, 2, 3, ok)
+			r.add(3, Input{Kind: ForceRelease, Client: 2, Expiry: at(5 + lease)}, 4, 5, Output{Removed: 1})
+			r.add(5, Input{Kind: Inspect}, 6, 7, Output{Holder: Free})
+			r.add(1, Input{Kind: Unlock, Token: 30}, 10, 11, ok)
+		}},
 		{"case 2: a Hold alive after Close released it to another", porcupine.Illegal, func(r *recorder) {
 			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
 			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 5, granted(20))

@@ -249,6 +249,7 @@ type historyRun struct {
 	adminRDB redis.UniversalClient
 	nextID   atomic.Int64 // the next client index
 	holder   atomic.Int64 // the slot whose worker holds the lock, -1 if none
+	locks    lockCalls
 	faults   []historyFault
 	stop     chan struct{}
 	stopped  atomic.Bool
@@ -257,6 +258,44 @@ type historyRun struct {
 	mu      sync.Mutex
 	retired []*redislock.Client // closed by the nemesis, and their go-redis clients
 	rdbs    []redis.UniversalClient
+}
+
+// lockCalls counts each model client's waiting Lock calls, so that a
+// ForceRelease knows whether one was in flight while it ran
+// (history.Input.Waiting).
+type lockCalls struct {
+	mu       sync.Mutex
+	inFlight map[int]int // by client index
+	started  map[int]int
+}
+
+func (l *lockCalls) begin(id int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.inFlight == nil {
+		l.inFlight, l.started = make(map[int]int), make(map[int]int)
+	}
+	l.inFlight[id]++
+	l.started[id]++
+}
+
+func (l *lockCalls) end(id int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inFlight[id]--
+}
+
+// during returns a function that tells whether a Lock call on client id
+// was in flight at any moment from now until it is called.
+func (l *lockCalls) during(id int) func() bool {
+	l.mu.Lock()
+	busy, started := l.inFlight[id] > 0, l.started[id]
+	l.mu.Unlock()
+	return func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return busy || l.started[id] != started
+	}
 }
 
 // clientSlot is where a worker finds its lock client: the nemesis closes
@@ -393,6 +432,7 @@ func (r *historyRun) work(w int, slot *clientSlot, rnd *rand.Rand) {
 		in := history.Input{Kind: history.Lock, Client: id, Worker: name}
 		call := r.rec.now()
 		var hold *redislock.Hold
+		r.locks.begin(id)
 		switch p := rnd.Float64(); {
 		case p < 0.45:
 			in.Wait = -1
@@ -405,6 +445,7 @@ func (r *historyRun) work(w int, slot *clientSlot, rnd *rand.Rand) {
 		default:
 			hold, err = m.TryLock(context.Background(), 0)
 		}
+		r.locks.end(id)
 		out := lockOutput(hold, err)
 		r.rec.add(lane, in, call, out)
 		if err != nil {
@@ -712,9 +753,11 @@ var historyFaults = []historyFault{
 		c, id := s.get()
 		in := history.Input{Kind: history.ForceRelease, Worker: "nemesis", Client: id}
 		call := r.rec.now()
+		waiting := r.locks.during(id)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		n, err := r.admin.ForceReleaseClient(ctx, r.name, c.ID())
 		cancel()
+		in.Waiting = waiting()
 		in.Expiry = r.rec.now() + int64(historyLease)
 		out := history.Output{Removed: n}
 		if err != nil {
@@ -728,9 +771,11 @@ var historyFaults = []historyFault{
 		c, id := s.get()
 		in := history.Input{Kind: history.ForceRelease, Worker: "nemesis", Client: id, Own: true}
 		call := r.rec.now()
+		waiting := r.locks.during(id)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		n, err := c.ForceReleaseClient(ctx, r.name, c.ID())
 		cancel()
+		in.Waiting = waiting()
 		out := history.Output{Removed: n}
 		switch {
 		case errors.Is(err, redislock.ErrClosed):
