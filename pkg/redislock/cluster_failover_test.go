@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -126,20 +127,14 @@ func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
 	rdb := cluster.Client(t)
 	ctx := testContext(t)
 	victim, heir := cluster.Masters[0], cluster.Replicas[0]
-	var name string
-	for i := 0; ; i++ {
-		name = fmt.Sprintf("%s-%d", lockName(t), i)
-		if masterOf(t, rdb, name) == victim.Addr {
-			break
-		}
-	}
+	name := lockNameOn(t, rdb, victim.Addr, "")
 	// A fallback far longer than the test's bound: a waiter that missed the
 	// hand-over would take the lock only at its poll.
 	opts := redislock.Options{RetryFallback: 20 * time.Second}
 	holderRedis := cluster.Client(t)
 	holder := newClient(t, holderRedis, opts)
 	waiterRedis := cluster.Client(t)
-	late := &lateTopology{hung: victim.Addr}
+	late := newLateTopology(t, victim.Addr)
 	waiterRedis.OnNewNode(func(node *redis.Client) { node.AddHook(late.on(node.Options().Addr)) })
 	waiter := newClient(t, waiterRedis, opts)
 	h := mustLock(t, ctx, newMutex(t, holder, name, nil))
@@ -190,13 +185,95 @@ func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
 	t.Logf("hand-over after a hung master's failover: %v", took.Round(time.Millisecond))
 }
 
+// A hung master holds up no other shard's hand-over. The waiters' client
+// finds its connection to the hung master dead and subscribes that shard's
+// lock again; not knowing of any new master yet (lateTopology), it dials
+// the hung node again, which takes go-redis's timeouts. A hand-over on
+// another shard meanwhile reaches its waiter in the same client at once.
+func TestAHungMasterHoldsUpNoOtherShardsHandOver(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3, 1)
+	rdb := cluster.Client(t)
+	ctx := testContext(t)
+	victim := cluster.Masters[0]
+	hungName := lockNameOn(t, rdb, victim.Addr, "hung")
+	otherName := lockNameOn(t, rdb, cluster.Masters[1].Addr, "other")
+	opts := redislock.Options{RetryFallback: 20 * time.Second}
+	holder := newClient(t, cluster.Client(t), opts)
+	waiterRedis := cluster.Client(t)
+	late := newLateTopology(t, victim.Addr)
+	waiterRedis.OnNewNode(func(node *redis.Client) { node.AddHook(late.on(node.Options().Addr)) })
+	waiter := newClient(t, waiterRedis, opts)
+	mustLock(t, ctx, newMutex(t, holder, hungName, nil))
+	other := mustLock(t, ctx, newMutex(t, holder, otherName, nil))
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	lockAsync(waitCtx, newMutex(t, waiter, hungName, nil))
+	otherWaiting := lockAsync(ctx, newMutex(t, waiter, otherName, nil))
+	waitQueued(t, holder, hungName, 1)
+	waitQueued(t, holder, otherName, 1)
+	time.Sleep(200 * time.Millisecond) // subscribed on both masters
+
+	late.staleFor(20 * time.Second)
+	if err := victim.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(victim.Stop) // killed paused: the holder's Close then fails at once
+	select {
+	case <-late.hungDialed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiters' client did not dial the hung node again within 10 s")
+	}
+	time.Sleep(200 * time.Millisecond) // inside the dial's timeouts
+	mustUnlock(t, ctx, other)
+	unlocked := time.Now()
+	r := <-otherWaiting
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	took := time.Since(unlocked)
+	mustUnlock(t, ctx, r.h)
+	if took > time.Second {
+		t.Fatalf("the other shard's waiter took its lock %v after the hand-over, want at once: the hung shard's subscription held it up", took.Round(time.Millisecond))
+	}
+	t.Logf("hand-over on another shard while a hung master is dialed: %v", took.Round(time.Millisecond))
+}
+
+// lockNameOn is a lock name of the test whose slot the master at addr
+// serves.
+func lockNameOn(t *testing.T, rdb *redis.ClusterClient, addr, suffix string) string {
+	for i := 0; ; i++ {
+		name := fmt.Sprintf("%s-%s%d", lockName(t), suffix, i)
+		if masterOf(t, rdb, name) == addr {
+			return name
+		}
+	}
+}
+
 // lateTopology delays a cluster client's view of a failover: its CLUSTER
 // SLOTS calls wait until a set time, and the hung node's fail at once, so
 // the client learns the new master at that time, neither earlier nor later.
 type lateTopology struct {
-	hung  string
-	mu    sync.Mutex
-	until time.Time
+	hung   string
+	ended  chan struct{} // closed when the test ends: no call waits longer
+	mu     sync.Mutex
+	until  time.Time
+	dialed chan struct{} // closed at the first dial to the hung node once stale
+}
+
+func newLateTopology(t *testing.T, hung string) *lateTopology {
+	l := &lateTopology{hung: hung, ended: make(chan struct{})}
+	t.Cleanup(func() { close(l.ended) })
+	return l
+}
+
+// hungDialed is closed once the client dials the hung node after staleFor.
+func (l *lateTopology) hungDialed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dialed == nil {
+		l.dialed = make(chan struct{})
+	}
+	return l.dialed
 }
 
 func (l *lateTopology) staleFor(d time.Duration) {
@@ -213,7 +290,25 @@ type lateTopologyHook struct {
 	addr string
 }
 
-func (h lateTopologyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h lateTopologyHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if h.addr == h.hung {
+			h.mu.Lock()
+			if !h.until.IsZero() {
+				if h.dialed == nil {
+					h.dialed = make(chan struct{})
+				}
+				select {
+				case <-h.dialed:
+				default:
+					close(h.dialed)
+				}
+			}
+			h.mu.Unlock()
+		}
+		return next(ctx, network, addr)
+	}
+}
 
 func (h lateTopologyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -221,7 +316,10 @@ func (h lateTopologyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook 
 			h.mu.Lock()
 			until := h.until
 			h.mu.Unlock()
-			time.Sleep(time.Until(until))
+			select {
+			case <-time.After(time.Until(until)):
+			case <-h.ended:
+			}
 			if h.addr == h.hung && !until.IsZero() {
 				err := errors.New("lateTopology: the node hangs")
 				cmd.SetErr(err)

@@ -52,13 +52,16 @@ type subscription struct {
 	release, notice  string
 	members          string        // see lockKeys.members
 	conn             *pubsubConn   // nil while it is being subscribed again
-	rehoming         bool          // rehomeLocked is subscribing it again
 	confirmed        chan struct{} // closed once Redis confirmed both channels
 	pending          int           // confirmations still awaited
 	waiters          []*waiter     // the lock's waiters
 	idleSince        time.Time
 	confirmedRelease bool // for telling a reconnection's confirmations apart
 	confirmedNotice  bool
+	// subscribing is set while a subscription of it is under way: a
+	// waiter's, for as long as its call lasts, or rehomeLocked's, until it
+	// succeeds. Others then leave it alone.
+	subscribing bool
 }
 
 func (s *subscription) isConfirmed() bool {
@@ -130,8 +133,14 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 	if w.sub == nil {
 		sub.add(w)
 	}
-	if sub.conn == nil && !sub.rehoming {
-		if err := ws.subscribeLocked(ctx, sub); err != nil {
+	if sub.conn == nil && !sub.subscribing {
+		sub.subscribing = true
+		err := ws.subscribeLocked(ctx, sub)
+		sub.subscribing = false
+		switch {
+		case errors.Is(err, ErrClosed):
+			return nil, err
+		case err != nil:
 			return nil, unavailable(err)
 		}
 	}
@@ -140,16 +149,37 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 
 // subscribeLocked sends the subscription's SUBSCRIBE, or on a sharded
 // Cluster its SSUBSCRIBE on the connection to its slot's master, opening it
-// if there is none yet. A sharded connection's receiving goroutine starts
-// only once the connection is open: a receive before any channel is named
-// would open it on its own.
+// if there is none yet. The caller holds ws.mu and has set sub.subscribing.
+// subscribeLocked lets go of ws.mu while it waits on Redis, so that a node
+// that does not answer (a hung master whose connection is opened again)
+// holds up no other lock's messages; the caller must look again at what it
+// read before. If the subscription was dropped meanwhile, it is left
+// unsubscribed, with a nil error. A sharded connection's receiving
+// goroutine starts only once the connection is open: a receive before any
+// channel is named would open it on its own.
 func (ws *waiting) subscribeLocked(ctx context.Context, sub *subscription) error {
 	if !ws.sharded {
 		if ws.shared == nil {
 			ws.shared = ws.listen(&pubsubConn{ps: ws.c.rdb.Subscribe(ctx)})
 		}
-		sub.conn = ws.shared
-		return sub.conn.ps.Subscribe(ctx, sub.channels()...)
+		conn := ws.shared
+		ws.mu.Unlock()
+		err := conn.ps.Subscribe(ctx, sub.channels()...)
+		ws.mu.Lock()
+		switch {
+		case err != nil:
+			return err
+		case ws.closed:
+			return ErrClosed
+		case conn.closed:
+			// Found dead meanwhile (connDead), before it carried sub.
+			return errors.New("redislock: the pub/sub connection was closed while subscribing")
+		case ws.subs[sub.lock] != sub:
+			_ = conn.ps.Unsubscribe(context.Background(), sub.channels()...)
+		default:
+			sub.conn = conn
+		}
+		return nil
 	}
 	node, err := ws.c.rdb.(*redis.ClusterClient).MasterForKey(ctx, sub.release)
 	if err != nil {
@@ -158,14 +188,33 @@ func (ws *waiting) subscribeLocked(ctx context.Context, sub *subscription) error
 	addr := node.Options().Addr
 	conn := ws.shards[addr]
 	if conn == nil {
+		ws.mu.Unlock()
 		ps := node.SSubscribe(ctx)
-		if err := ps.SSubscribe(ctx, sub.channels()...); err != nil {
+		err := ps.SSubscribe(ctx, sub.channels()...)
+		ws.mu.Lock()
+		switch {
+		case err != nil:
 			_ = ps.Close()
 			return err
+		case ws.closed:
+			_ = ps.Close()
+			return ErrClosed
+		case ws.subs[sub.lock] != sub:
+			_ = ps.Close()
+			return nil
 		}
-		conn = ws.listen(&pubsubConn{ps: ps, addr: addr, subs: make(map[*subscription]struct{})})
-		ws.shards[addr] = conn
-	} else if err := conn.ps.SSubscribe(ctx, sub.channels()...); err != nil {
+		if conn = ws.shards[addr]; conn != nil {
+			// Another lock opened one meanwhile: one connection a master.
+			_ = ps.Close()
+		} else {
+			conn = ws.listen(&pubsubConn{ps: ps, addr: addr, subs: make(map[*subscription]struct{})})
+			ws.shards[addr] = conn
+			conn.subs[sub] = struct{}{}
+			sub.conn = conn
+			return nil
+		}
+	}
+	if err := conn.ps.SSubscribe(ctx, sub.channels()...); err != nil {
 		return err
 	}
 	conn.subs[sub] = struct{}{}
@@ -375,7 +424,7 @@ func (ws *waiting) rehomeLocked(subs []*subscription) {
 		return
 	}
 	for _, sub := range subs {
-		sub.rehoming = true
+		sub.subscribing = true
 	}
 	cc, _ := ws.c.rdb.(*redis.ClusterClient)
 	ws.c.loops.Add(1)
@@ -397,14 +446,14 @@ func (ws *waiting) rehomeLocked(subs []*subscription) {
 			var left []*subscription
 			for _, sub := range subs {
 				if ws.closed || ws.subs[sub.lock] != sub || sub.conn != nil {
-					sub.rehoming = false
+					sub.subscribing = false
 					continue // closed, dropped, or subscribed already
 				}
 				if err := ws.subscribeLocked(ctx, sub); err != nil {
 					left = append(left, sub)
 					continue
 				}
-				sub.rehoming = false
+				sub.subscribing = false
 			}
 			ws.mu.Unlock()
 			cancel()

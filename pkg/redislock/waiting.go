@@ -332,7 +332,7 @@ func (ws *waiting) wait(ctx context.Context, w *waiter, m *Mutex, bound <-chan t
 	defer sleep.Stop()
 	for {
 		ws.mu.Lock()
-		subscribed := w.sub != nil && (w.sub.conn != nil || w.sub.rehoming)
+		subscribed := w.sub != nil && (w.sub.conn != nil || w.sub.subscribing)
 		listening := w.listening
 		ws.mu.Unlock()
 		if !subscribed || !listening {
