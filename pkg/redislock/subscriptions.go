@@ -140,12 +140,20 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 		switch {
 		case errors.Is(err, ErrClosed):
 			return nil, err
+		case errors.Is(err, errConnLost):
+			// The connection was found dead meanwhile: the client
+			// subscribes the lock again as it does its other locks.
+			ws.rehomeLocked([]*subscription{sub})
 		case err != nil:
 			return nil, unavailable(err)
 		}
 	}
 	return sub.confirmed, nil
 }
+
+// errConnLost is a subscription's connection closed, because it was found
+// dead, while the subscription was being sent on it.
+var errConnLost = errors.New("redislock: the pub/sub connection was lost while subscribing")
 
 // subscribeLocked sends the subscription's SUBSCRIBE, or on a sharded
 // Cluster its SSUBSCRIBE on the connection to its slot's master, opening it
@@ -154,72 +162,93 @@ func (ws *waiting) subscribe(ctx context.Context, w *waiter, keys *lockKeys) (<-
 // that does not answer (a hung master whose connection is opened again)
 // holds up no other lock's messages; the caller must look again at what it
 // read before. If the subscription was dropped meanwhile, it is left
-// unsubscribed, with a nil error. A sharded connection's receiving
-// goroutine starts only once the connection is open: a receive before any
-// channel is named would open it on its own.
+// unsubscribed, with a nil error.
 func (ws *waiting) subscribeLocked(ctx context.Context, sub *subscription) error {
 	if !ws.sharded {
 		if ws.shared == nil {
 			ws.shared = ws.listen(&pubsubConn{ps: ws.c.rdb.Subscribe(ctx)})
 		}
-		conn := ws.shared
-		ws.mu.Unlock()
-		err := conn.ps.Subscribe(ctx, sub.channels()...)
-		ws.mu.Lock()
-		switch {
-		case err != nil:
-			return err
-		case ws.closed:
-			return ErrClosed
-		case conn.closed:
-			// Found dead meanwhile (connDead), before it carried sub.
-			return errors.New("redislock: the pub/sub connection was closed while subscribing")
-		case ws.subs[sub.lock] != sub:
-			_ = conn.ps.Unsubscribe(context.Background(), sub.channels()...)
-		default:
-			sub.conn = conn
-		}
-		return nil
+		return ws.attachLocked(ctx, sub, ws.shared)
 	}
 	node, err := ws.c.rdb.(*redis.ClusterClient).MasterForKey(ctx, sub.release)
 	if err != nil {
 		return err
 	}
 	addr := node.Options().Addr
-	conn := ws.shards[addr]
-	if conn == nil {
-		ws.mu.Unlock()
-		ps := node.SSubscribe(ctx)
-		err := ps.SSubscribe(ctx, sub.channels()...)
-		ws.mu.Lock()
-		switch {
-		case err != nil:
-			_ = ps.Close()
-			return err
-		case ws.closed:
-			_ = ps.Close()
-			return ErrClosed
-		case ws.subs[sub.lock] != sub:
-			_ = ps.Close()
-			return nil
-		}
-		if conn = ws.shards[addr]; conn != nil {
-			// Another lock opened one meanwhile: one connection a master.
-			_ = ps.Close()
-		} else {
-			conn = ws.listen(&pubsubConn{ps: ps, addr: addr, subs: make(map[*subscription]struct{})})
-			ws.shards[addr] = conn
-			conn.subs[sub] = struct{}{}
-			sub.conn = conn
-			return nil
-		}
+	if conn := ws.shards[addr]; conn != nil {
+		return ws.attachLocked(ctx, sub, conn)
 	}
-	if err := conn.ps.SSubscribe(ctx, sub.channels()...); err != nil {
+	// A sharded connection's receiving goroutine starts only once the
+	// connection is open: a receive before any channel is named would open
+	// it on its own.
+	ws.mu.Unlock()
+	ps := node.SSubscribe(ctx)
+	err = ps.SSubscribe(ctx, sub.channels()...)
+	ws.mu.Lock()
+	switch {
+	case ws.closed:
+		_ = ps.Close()
+		return ErrClosed
+	case err != nil:
+		_ = ps.Close()
 		return err
+	case ws.subs[sub.lock] != sub:
+		_ = ps.Close()
+		return nil
 	}
+	if conn := ws.shards[addr]; conn != nil {
+		// Another lock opened one meanwhile: one connection a master.
+		_ = ps.Close()
+		return ws.attachLocked(ctx, sub, conn)
+	}
+	conn := ws.listen(&pubsubConn{ps: ps, addr: addr, subs: make(map[*subscription]struct{})})
+	ws.shards[addr] = conn
 	conn.subs[sub] = struct{}{}
 	sub.conn = conn
 	return nil
+}
+
+// attachLocked subscribes sub's channels on conn, an open connection,
+// letting go of ws.mu while it waits on Redis, and attaches sub to it if
+// both are still in use then (see subscribeLocked).
+func (ws *waiting) attachLocked(ctx context.Context, sub *subscription, conn *pubsubConn) error {
+	ws.mu.Unlock()
+	var err error
+	if ws.sharded {
+		err = conn.ps.SSubscribe(ctx, sub.channels()...)
+	} else {
+		err = conn.ps.Subscribe(ctx, sub.channels()...)
+	}
+	ws.mu.Lock()
+	switch {
+	case ws.closed:
+		return ErrClosed
+	case conn.closed:
+		return errConnLost
+	case err != nil:
+		return err
+	case ws.subs[sub.lock] != sub:
+		// Dropped meanwhile. A newer subscription of the lock, if any,
+		// sends the same channels: they stay for it.
+		if ws.subs[sub.lock] == nil {
+			ws.unsubscribeLocked(conn, sub)
+		}
+		return nil
+	}
+	if conn.subs != nil {
+		conn.subs[sub] = struct{}{}
+	}
+	sub.conn = conn
+	return nil
+}
+
+// unsubscribeLocked stops listening on sub's channels on conn.
+func (ws *waiting) unsubscribeLocked(conn *pubsubConn, sub *subscription) {
+	if ws.sharded {
+		_ = conn.ps.SUnsubscribe(context.Background(), sub.channels()...)
+	} else {
+		_ = conn.ps.Unsubscribe(context.Background(), sub.channels()...)
+	}
 }
 
 // listen starts the receiving goroutine of a new connection.
@@ -244,10 +273,10 @@ func (ws *waiting) dropLocked(sub *subscription) {
 		if len(conn.subs) == 0 {
 			ws.closeConnLocked(conn)
 		} else {
-			_ = conn.ps.SUnsubscribe(context.Background(), sub.channels()...)
+			ws.unsubscribeLocked(conn, sub)
 		}
 	default:
-		_ = conn.ps.Unsubscribe(context.Background(), sub.channels()...)
+		ws.unsubscribeLocked(conn, sub)
 	}
 }
 
