@@ -167,13 +167,7 @@ func TestCase3ShardedSubscriptionsComeBackAfterAFailover(t *testing.T) {
 		time.Sleep(300 * time.Millisecond) // its subscription and second attempt
 		start := time.Now()
 		mustUnlock(t, ctx, h)
-		r := <-got
-		took := time.Since(start)
-		if r.err != nil {
-			t.Fatalf("the waiter's Lock: %v", r.err)
-		}
-		mustUnlock(t, ctx, r.h)
-		return took
+		return tookAfter(t, ctx, start, got)
 	}
 	// Half of RetryFallback leaves a loaded machine room while telling a
 	// wake from a fallback.

@@ -41,6 +41,19 @@ func lockAsync(ctx context.Context, m *redislock.Mutex) <-chan lockResult {
 	return ch
 }
 
+// tookAfter waits for a waiter's Lock, unlocks what it took, and returns
+// how long after since it took it.
+func tookAfter(t *testing.T, ctx context.Context, since time.Time, waiting <-chan lockResult) time.Duration {
+	t.Helper()
+	r := <-waiting
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	took := time.Since(since)
+	mustUnlock(t, ctx, r.h)
+	return took
+}
+
 // Found in review (a second holder): a Lock and a TryLock of one owner
 // (MutexOptions.Owner) in one client. The Lock queues; the lock comes free
 // without a hand-over (the holder's lease ran out). The TryLock took it, and
