@@ -119,9 +119,8 @@ func masterOf(t *testing.T, rdb *redis.ClusterClient, name string) string {
 // slot's new master, and the waiter retries once it listens there. Its
 // client learns the new master only 9 s after the hang (lateTopology), as
 // one does whose reload first asks the hung node: until then, both a
-// subscription and a retry would go to the hung node. Before, the waiter
-// retried at once, and its retry, held by the hung node, ended only after
-// the hand-over it should have heard.
+// subscription and a retry would go to the hung node, and a retry held
+// there would keep the waiter from acting on the hand-over's notice.
 func TestHandOverAfterAHungMasterFailsOver(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3, 1)
 	rdb := cluster.Client(t)
@@ -249,20 +248,13 @@ type lateTopology struct {
 }
 
 func newLateTopology(t *testing.T, hung string) *lateTopology {
-	l := &lateTopology{hung: hung, ended: make(chan struct{})}
+	l := &lateTopology{hung: hung, ended: make(chan struct{}), dialed: make(chan struct{})}
 	t.Cleanup(func() { close(l.ended) })
 	return l
 }
 
 // hungDialed is closed once the client dials the hung node after staleFor.
-func (l *lateTopology) hungDialed() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.dialed == nil {
-		l.dialed = make(chan struct{})
-	}
-	return l.dialed
-}
+func (l *lateTopology) hungDialed() <-chan struct{} { return l.dialed }
 
 func (l *lateTopology) staleFor(d time.Duration) {
 	l.mu.Lock()
@@ -283,9 +275,6 @@ func (h lateTopologyHook) DialHook(next redis.DialHook) redis.DialHook {
 		if h.addr == h.hung {
 			h.mu.Lock()
 			if !h.until.IsZero() {
-				if h.dialed == nil {
-					h.dialed = make(chan struct{})
-				}
 				select {
 				case <-h.dialed:
 				default:
