@@ -37,6 +37,20 @@ func check(t *testing.T, r *recorder, want porcupine.CheckResult) {
 // it that a correct lock may produce, which it must accept.
 func TestModel(t *testing.T) {
 	lease := 100.0
+	// forceReleasedHandOver is client 1's Unlock handing the lock to client 2's
+	// waiting Lock, whose hand-over a ForceRelease removes before the Lock
+	// takes it; the Lock returns a later grant. waiting is whether the
+	// ForceRelease is marked as made while a Lock of client 2 was in flight.
+	forceReleasedHandOver := func(waiting bool) func(r *recorder) {
+		return func(r *recorder) {
+			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
+			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 9, granted(30))
+			r.add(0, Input{Kind: Unlock, Token: 10}, 2, 3, ok)
+			r.add(3, Input{Kind: ForceRelease, Client: 2, Waiting: waiting, Expiry: at(5 + lease)}, 4, 5, Output{Removed: 1})
+			r.add(5, Input{Kind: Inspect}, 6, 7, Output{Holder: Free})
+			r.add(1, Input{Kind: Unlock, Token: 30}, 10, 11, ok)
+		}
+	}
 	for _, tc := range []struct {
 		name string
 		want porcupine.CheckResult
@@ -109,22 +123,8 @@ func TestModel(t *testing.T) {
 			r.add(3, Input{Kind: ForceRelease, Client: 1, Expiry: at(8 + lease)}, 3, 8, Output{Removed: 1})
 			r.add(2, Input{Kind: Alive, Token: 10}, 6, 6.01, ok)
 		}},
-		{"a ForceRelease that removed a hand-over a waiting Lock had not taken", porcupine.Ok, func(r *recorder) {
-			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
-			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 9, granted(30))
-			r.add(0, Input{Kind: Unlock, Token: 10}, 2, 3, ok) // handed to client 2's Lock
-			r.add(3, Input{Kind: ForceRelease, Client: 2, Waiting: true, Expiry: at(5 + lease)}, 4, 5, Output{Removed: 1})
-			r.add(5, Input{Kind: Inspect}, 6, 7, Output{Holder: Free})
-			r.add(1, Input{Kind: Unlock, Token: 30}, 10, 11, ok)
-		}},
-		{"a ForceRelease that removed a holder of a free lock", porcupine.Illegal, func(r *recorder) {
-			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
-			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 9, granted(30))
-			r.add(0, Input{Kind: Unlock, Token: 10}, 2, 3, ok)
-			r.add(3, Input{Kind: ForceRelease, Client: 2, Expiry: at(5 + lease)}, 4, 5, Output{Removed: 1})
-			r.add(5, Input{Kind: Inspect}, 6, 7, Output{Holder: Free})
-			r.add(1, Input{Kind: Unlock, Token: 30}, 10, 11, ok)
-		}},
+		{"a ForceRelease that removed a hand-over a waiting Lock had not taken", porcupine.Ok, forceReleasedHandOver(true)},
+		{"a ForceRelease that removed a holder of a free lock", porcupine.Illegal, forceReleasedHandOver(false)},
 		{"case 2: a Hold alive after Close released it to another", porcupine.Illegal, func(r *recorder) {
 			r.add(0, Input{Kind: Lock, Client: 1, Wait: -1}, 0, 1, granted(10))
 			r.add(1, Input{Kind: Lock, Client: 2, Wait: -1}, 0.5, 5, granted(20))
